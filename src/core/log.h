@@ -1,0 +1,43 @@
+#pragma once
+// Library-internal logging helpers on top of dschat/core/logging.h. Message parts are streamed
+// like DSCHAT_CHECK's (no format strings; LibTorch bundles its own fmt, which must not meet
+// spdlog's):
+//   log_info("loaded ", n, " tensors from ", path);
+//   log_info_rank0(...) only on rank 0 (or when no rank is set); log_warn_once(...) once per text.
+
+#include <string>
+
+#include "dschat/core/error.h"
+#include "dschat/core/logging.h"
+
+namespace dschat {
+namespace core {
+
+bool first_time_seen(const std::string& message);  // thread-safe set of already-logged texts
+
+template <typename... Args>
+void log_at(LogLevel level, const Args&... parts) {
+  if (log_enabled(level)) log_message(level, detail::str_cat(parts...));
+}
+template <typename... Args>
+void log_debug(const Args&... parts) { log_at(LogLevel::Debug, parts...); }
+template <typename... Args>
+void log_info(const Args&... parts) { log_at(LogLevel::Info, parts...); }
+template <typename... Args>
+void log_warn(const Args&... parts) { log_at(LogLevel::Warn, parts...); }
+template <typename... Args>
+void log_error(const Args&... parts) { log_at(LogLevel::Error, parts...); }
+
+template <typename... Args>
+void log_info_rank0(const Args&... parts) {
+  if (log_rank() <= 0) log_at(LogLevel::Info, parts...);
+}
+template <typename... Args>
+void log_warn_once(const Args&... parts) {
+  if (!log_enabled(LogLevel::Warn)) return;
+  std::string text = detail::str_cat(parts...);
+  if (first_time_seen(text)) log_message(LogLevel::Warn, text);
+}
+
+}  // namespace core
+}  // namespace dschat

@@ -1,0 +1,15 @@
+#pragma once
+// One function per `dschat` subcommand; each adds its flags and callback to the app.
+// The CLI only parses arguments and calls the library: no logic lives here.
+
+#include <CLI/CLI.hpp>
+
+namespace dschat {
+namespace cli {
+
+void add_info_command(CLI::App& app);
+void add_forward_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+
+}  // namespace cli
+}  // namespace dschat

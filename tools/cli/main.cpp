@@ -1,0 +1,29 @@
+// `dschat`: the command-line front end of libdschat. Errors from the library are printed on
+// stderr as one line "dschat: error: <message>" with exit status 1; usage errors exit with 2.
+#include <iostream>
+
+#include "commands.h"
+#include "dschat/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dschat: DeepSpeed-Chat in C++ (SFT, reward model, PPO on LibTorch)", "dschat"};
+  app.require_subcommand(1);
+  dschat::cli::add_info_command(app);
+  dschat::cli::add_forward_command(app);
+  dschat::cli::add_generate_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const dschat::core::Error& e) {
+    std::cerr << "dschat: error: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "dschat: error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "dschat: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
