@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include <ftw.h>
+
 #include <array>
 #include <cstdio>
 #include <random>
@@ -14,9 +16,13 @@ TempDir::TempDir() {
   std::filesystem::create_directories(path_);
 }
 
+// nftw instead of std::filesystem::remove_all: libtorch.so exports its own copy of the
+// std::filesystem symbols, and its remove_all crashes (null call) when it wins symbol resolution.
 TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+  nftw(
+      path_.c_str(),
+      [](const char* file, const struct stat*, int, struct FTW*) { return ::remove(file); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 int run_command(const std::string& command, std::string* output) {

@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+
+#include "dschat/core/error.h"
 #include <string>
 
 namespace dschat {

@@ -9,26 +9,26 @@ namespace dschat {
 namespace core {
 
 JsonObject::JsonObject(const nlohmann::json& value, std::string where)
-    : value_(value), where_(std::move(where)) {
-  DSCHAT_CHECK(value_.is_object(), ConfigError, where_, ": expected a JSON object, got ",
-               value_.type_name());
+    : value_(&value), where_(std::move(where)) {
+  DSCHAT_CHECK(value_->is_object(), ConfigError, where_, ": expected a JSON object, got ",
+               value_->type_name());
 }
 
 bool JsonObject::has(const std::string& key) const {
-  auto it = value_.find(key);
-  return it != value_.end() && !it->is_null();
+  auto it = value_->find(key);
+  return it != value_->end() && !it->is_null();
 }
 
 void JsonObject::type_error(const std::string& key, const char* expected) const {
-  DSCHAT_THROW(ConfigError, at(key), " expects ", expected, ", got ", value_.at(key).type_name(),
-               " ", value_.at(key).dump());
+  DSCHAT_THROW(ConfigError, at(key), " expects ", expected, ", got ", value_->at(key).type_name(),
+               " ", value_->at(key).dump());
 }
 
 template <typename T>
 std::optional<T> JsonObject::get_optional(const std::string& key) {
   read_.insert(key);
   if (!has(key)) return std::nullopt;
-  const nlohmann::json& v = value_.at(key);
+  const nlohmann::json& v = value_->at(key);
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) type_error(key, "a boolean");
     return v.get<bool>();
@@ -80,15 +80,15 @@ T JsonObject::require(const std::string& key) {
 std::optional<JsonObject> JsonObject::object(const std::string& key) {
   read_.insert(key);
   if (!has(key)) return std::nullopt;
-  if (!value_.at(key).is_object()) type_error(key, "an object");
-  return JsonObject(value_.at(key), where_ + ": " + key);
+  if (!value_->at(key).is_object()) type_error(key, "an object");
+  return JsonObject(value_->at(key), where_ + ": " + key);
 }
 
 void JsonObject::accept(const std::vector<std::string>& keys) { read_.insert(keys.begin(), keys.end()); }
 
 std::vector<std::string> JsonObject::unread_keys() const {
   std::vector<std::string> out;
-  for (auto it = value_.begin(); it != value_.end(); ++it) {
+  for (auto it = value_->begin(); it != value_->end(); ++it) {
     if (!read_.count(it.key())) out.push_back(it.key());
   }
   return out;

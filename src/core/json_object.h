@@ -54,7 +54,7 @@ class JsonObject {
  private:
   [[noreturn]] void type_error(const std::string& key, const char* expected) const;
 
-  const nlohmann::json& value_;
+  const nlohmann::json* value_;  // not owned: the parsed document outlives its readers
   std::string where_;
   std::set<std::string> read_;
 };

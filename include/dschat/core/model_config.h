@@ -1,0 +1,81 @@
+#pragma once
+// The architecture hyper-parameters of a model: Hugging Face `config.json` as a typed struct.
+// Parsed only here (from the checkpoint's config.json, or from a preset for `--init random`).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dschat {
+namespace core {
+
+enum class Architecture { Opt, Llama };
+
+/// LLaMA rotary scaling (HF `rope_scaling` / `rope_parameters`). Types: default, linear,
+/// dynamic (NTK), llama3.
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                    // llama3
+  double high_freq_factor = 4.0;                   // llama3
+  int64_t original_max_position_embeddings = 0;    // llama3; 0 = max_position_embeddings
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::Opt;
+  std::string model_type = "opt";  // "opt" | "llama"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // == num_attention_heads unless grouped-query attention
+  int64_t head_dim = 0;             // hidden_size / num_attention_heads unless given
+  int64_t intermediate_size = 0;    // OPT: ffn_dim
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = true;
+  std::string torch_dtype = "float32";  // dtype the checkpoint was saved in
+  std::string activation = "relu";      // OPT activation_function; LLaMA hidden_act
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+
+  // OPT
+  bool do_layer_norm_before = true;  // false: post-LN (opt-350m)
+  int64_t word_embed_proj_dim = 0;   // != hidden_size: project_in / project_out exist
+  bool enable_bias = true;
+  bool layer_norm_elementwise_affine = true;
+  bool remove_final_layer_norm = false;
+  double dropout = 0.1;
+  double attention_dropout = 0.0;
+  double activation_dropout = 0.0;
+
+  // LLaMA
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+
+  /// Width of the backbone's output: word_embed_proj_dim for OPT, hidden_size otherwise. The
+  /// value head of reward and critic models reads this many features.
+  int64_t output_dim() const;
+};
+
+/// Parses config.json text; `where` (the file path) prefixes every error. Throws
+/// core::ConfigError for a missing key, a bad type or value, an inconsistent combination
+/// (e.g. hidden_size not divisible by num_attention_heads) and core::Unsupported for an unknown
+/// model_type or rope type (listing the supported ones).
+ModelConfig parse_model_config(const std::string& json_text, const std::string& where);
+
+/// Reads `<dir>/config.json`.
+ModelConfig load_model_config(const std::string& model_dir);
+
+/// HF-compatible config.json text for `config` (what save writes and transformers reads back).
+std::string model_config_to_json(const ModelConfig& config);
+
+/// Architecture presets for `--init random`: "opt-125m" ... "opt-175b", "llama-2-7b", "llama-2-13b",
+/// "llama-2-70b" (also accepted with an org prefix: "facebook/opt-1.3b", "meta-llama/Llama-2-7b-hf").
+std::optional<ModelConfig> model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+}  // namespace core
+}  // namespace dschat

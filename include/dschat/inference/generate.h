@@ -1,0 +1,25 @@
+#pragma once
+// Autoregressive generation with a KV cache: one prefill over the (left-padded) prompts, then one
+// token per step. Rows that emit EOS are padded afterwards; the loop ends when all rows have
+// finished or max_new_tokens is reached. (A plain loop; the inference-engine issue replaces its
+// inside with fused kernels and CUDA graphs.)
+
+#include <torch/torch.h>
+
+#include "dschat/core/generation_config.h"
+#include "dschat/models/causal_lm.h"
+
+namespace dschat {
+namespace inference {
+
+struct GenerationResult {
+  torch::Tensor sequences;       // [B, T + N] prompt followed by the new tokens (pad after EOS)
+  torch::Tensor attention_mask;  // [B, T + N] 1 for prompt tokens and generated tokens up to EOS
+};
+
+/// input_ids, attention_mask: [B, T] (left padding: zeros at the start of short rows).
+GenerationResult generate(models::CausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                          const core::GenerationConfig& config);
+
+}  // namespace inference
+}  // namespace dschat

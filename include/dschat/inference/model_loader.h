@@ -1,0 +1,41 @@
+#pragma once
+// Building models from checkpoints (or presets with random weights) and saving them in the
+// Hugging Face layout. This is where the checkpoint IO (L4) meets the model classes (L3).
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+
+#include "dschat/models/causal_lm.h"
+#include "dschat/models/value_head.h"
+
+namespace dschat {
+namespace inference {
+
+struct LoadOptions {
+  torch::ScalarType dtype = torch::kFloat32;  // parameters are cast to this after loading
+  torch::Device device = torch::kCPU;
+  bool random_init = false;  // ignore weights: preset or config.json shapes, N(0, 0.02) weights
+};
+
+/// `name_or_path`: directory, HF id in the local cache, short name; with random_init also a
+/// preset name ("opt-1.3b"). Errors name the checkpoint and every mismatching tensor.
+models::CausalLM load_causal_lm(const std::string& name_or_path, const LoadOptions& options = {});
+
+/// A reward/critic model in DeepSpeed-Chat's layout; with `allow_missing_head`, a causal-LM
+/// checkpoint initialises the backbone and v_head starts fresh.
+models::ValueHeadModel load_value_model(const std::string& name_or_path, const LoadOptions& options = {},
+                                        bool allow_missing_head = false);
+
+/// Writes config.json + model.safetensors (sharded above `max_shard_bytes`) into `dir`.
+void save_causal_lm(models::CausalLM& model, const std::filesystem::path& dir,
+                    int64_t max_shard_bytes = int64_t{5} << 30);
+void save_value_model(models::ValueHeadModel& model, const std::filesystem::path& dir,
+                      int64_t max_shard_bytes = int64_t{5} << 30);
+
+/// "fp32" | "float32" | "bf16" | "bfloat16" | "fp16" | "float16" -> dtype (InvalidArgument otherwise).
+torch::ScalarType parse_dtype(const std::string& name);
+
+}  // namespace inference
+}  // namespace dschat

@@ -1,0 +1,52 @@
+#pragma once
+// A causal language model: backbone + LM head (tied to the token embedding when the config says
+// so). Parameter names equal the HF *ForCausalLM state dict ("model.decoder.layers.0...",
+// "lm_head.weight"), so checkpoints bind by name. The model keeps no runtime state.
+//   CausalLM lm(core::load_model_config(dir));
+//   lm->load_weights(io::load_state_dict(dir), dir);
+//   torch::Tensor logits = lm->forward(ids, mask);  // [B, T, V]
+
+#include <torch/torch.h>
+
+#include "dschat/models/backbone.h"
+#include "dschat/models/weights.h"
+#include "dschat/nn/linear.h"
+
+namespace dschat {
+namespace models {
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  explicit CausalLMImpl(const core::ModelConfig& config);
+
+  /// input_ids: [B, T]; attention_mask: [B, cached + T] or undefined -> logits [B, T, V].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        nn::KvCache* cache = nullptr);
+  /// Final hidden states [B, T, E] (before the LM head).
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                              nn::KvCache* cache = nullptr);
+  /// hidden: [..., E] -> logits [..., V]
+  torch::Tensor lm_logits(const torch::Tensor& hidden);
+
+  /// Binds HF checkpoint tensors (also accepts names without the "model." prefix, as old OPT
+  /// checkpoints have; a tied "lm_head.weight" is ignored). `source` names the checkpoint in errors.
+  void load_weights(const NamedTensors& weights, const std::string& source);
+  /// The HF state dict (tied lm_head omitted, as transformers saves it).
+  NamedTensors state_dict() const;
+
+  const core::ModelConfig& config() const { return backbone_->config(); }
+  Backbone& backbone() { return *backbone_; }
+  void pretty_print(std::ostream& stream) const override;
+
+ private:
+  std::shared_ptr<Backbone> backbone_;  // registered as "model"
+  nn::Linear lm_head_{nullptr};         // [V, E]; absent when tied
+};
+TORCH_MODULE(CausalLM);
+
+/// Strips/adds the base-model prefix so that "decoder.x" / "layers.x" / "rwtransformer.x" keys
+/// all bind as "<prefix>x".
+NamedTensors rebase_backbone_names(const NamedTensors& weights, const std::string& prefix);
+
+}  // namespace models
+}  // namespace dschat

@@ -1,0 +1,40 @@
+#include "dschat/core/generation_config.h"
+
+#include "core/json_object.h"
+
+namespace dschat {
+namespace core {
+
+void validate_generation_config(const GenerationConfig& c, const std::string& where) {
+  auto fail = [&](const char* key, const std::string& rule, const std::string& value) {
+    DSCHAT_THROW(ConfigError, where, ": key '", key, "' ", rule, ", got ", value);
+  };
+  if (c.max_new_tokens < 1 || c.max_new_tokens > (int64_t{1} << 20)) fail("max_new_tokens", "must be in [1, 1048576]", std::to_string(c.max_new_tokens));
+  if (c.min_new_tokens < 0 || c.min_new_tokens > c.max_new_tokens) fail("min_new_tokens", "must be in [0, max_new_tokens]", std::to_string(c.min_new_tokens));
+  if (!(c.temperature > 0.0)) fail("temperature", "must be > 0", std::to_string(c.temperature));
+  if (c.top_k < 0) fail("top_k", "must be >= 0", std::to_string(c.top_k));
+  if (!(c.top_p > 0.0 && c.top_p <= 1.0)) fail("top_p", "must be in (0, 1]", std::to_string(c.top_p));
+  if (!(c.repetition_penalty >= 1.0)) fail("repetition_penalty", "must be >= 1", std::to_string(c.repetition_penalty));
+}
+
+GenerationConfig parse_generation_config(const std::string& json_text, const std::string& where) {
+  nlohmann::json json = parse_json_text(json_text, where);
+  JsonObject root(json, where);
+  GenerationConfig c;
+  c.max_new_tokens = root.get<int64_t>("max_new_tokens", c.max_new_tokens);
+  c.min_new_tokens = root.get<int64_t>("min_new_tokens", c.min_new_tokens);
+  c.do_sample = root.get<bool>("do_sample", c.do_sample);
+  c.temperature = root.get<double>("temperature", c.temperature);
+  c.top_k = root.get<int64_t>("top_k", c.top_k);
+  c.top_p = root.get<double>("top_p", c.top_p);
+  c.repetition_penalty = root.get<double>("repetition_penalty", c.repetition_penalty);
+  c.seed = root.get<uint64_t>("seed", c.seed);
+  c.eos_token_id = root.get_optional<int64_t>("eos_token_id");
+  c.pad_token_id = root.get_optional<int64_t>("pad_token_id");
+  root.finish();
+  validate_generation_config(c, where);
+  return c;
+}
+
+}  // namespace core
+}  // namespace dschat

@@ -1,0 +1,89 @@
+#include "dschat/io/model_source.h"
+
+#include <fstream>
+#include <regex>
+
+#include "core/env.h"
+#include "core/strings.h"
+#include "dschat/core/error.h"
+
+namespace dschat {
+namespace io {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has_config(const fs::path& dir) { return fs::is_regular_file(dir / "config.json"); }
+
+// models--org--name/snapshots/<hash>: the hash refs/main names, else the newest snapshot.
+std::optional<fs::path> cached_snapshot(const fs::path& root, const std::string& repo_id, std::vector<std::string>* searched) {
+  std::string folder = "models--" + std::regex_replace(repo_id, std::regex("/"), "--");
+  fs::path repo = root / folder;
+  std::error_code ec;
+  std::ifstream ref(repo / "refs" / "main");
+  std::string hash;
+  if (ref && std::getline(ref, hash) && !hash.empty()) {
+    fs::path snapshot = repo / "snapshots" / hash;
+    searched->push_back(snapshot.string());
+    if (has_config(snapshot)) return snapshot;
+  }
+  fs::path snapshots = repo / "snapshots";
+  searched->push_back(snapshots.string() + "/*");
+  std::optional<fs::path> newest;
+  fs::file_time_type newest_time;
+  if (fs::is_directory(snapshots, ec)) {
+    for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
+      if (!has_config(entry.path())) continue;
+      auto time = fs::last_write_time(entry.path(), ec);
+      if (!newest || time > newest_time) {
+        newest = entry.path();
+        newest_time = time;
+      }
+    }
+  }
+  return newest;
+}
+
+}  // namespace
+
+std::vector<fs::path> hf_cache_roots() {
+  std::vector<fs::path> roots;
+  if (auto hub = core::read_string_from_env("HF_HUB_CACHE")) roots.emplace_back(*hub);
+  if (auto home = core::read_string_from_env("HF_HOME")) roots.push_back(fs::path(*home) / "hub");
+  if (auto xdg = core::read_string_from_env("XDG_CACHE_HOME")) roots.push_back(fs::path(*xdg) / "huggingface" / "hub");
+  if (auto user = core::read_string_from_env("HOME")) roots.push_back(fs::path(*user) / ".cache" / "huggingface" / "hub");
+  return roots;
+}
+
+std::string expand_short_model_name(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  static const std::regex opt("opt-[0-9.]+[mb]", std::regex::icase);
+  static const std::regex llama2("llama-2-([0-9]+)b(-chat)?", std::regex::icase);
+  std::smatch match;
+  if (std::regex_match(name, opt)) return "facebook/" + name;
+  if (std::regex_match(name, match, llama2)) {
+    return "meta-llama/Llama-2-" + match[1].str() + "b" + (match[2].matched ? "-chat" : "") + "-hf";
+  }
+  return name;
+}
+
+fs::path resolve_model_dir(const std::string& name_or_path) {
+  DSCHAT_CHECK(!name_or_path.empty(), InvalidArgument, "model: empty model name or path");
+  std::vector<std::string> searched;
+  fs::path local(name_or_path);
+  searched.push_back(fs::absolute(local).string());
+  if (has_config(local)) return local;
+  DSCHAT_CHECK(!fs::is_directory(local), NotFound, "model directory ", local.string(),
+               " has no config.json (a Hugging Face model directory needs one)");
+  for (const std::string& repo_id : {name_or_path, expand_short_model_name(name_or_path)}) {
+    if (repo_id.find('/') == std::string::npos) continue;
+    for (const auto& root : hf_cache_roots()) {
+      if (auto snapshot = cached_snapshot(root, repo_id, &searched)) return *snapshot;
+    }
+  }
+  DSCHAT_THROW(NotFound, "model '", name_or_path, "' not found (nothing is downloaded; searched: ",
+               core::join(searched), ")");
+}
+
+}  // namespace io
+}  // namespace dschat

@@ -1,0 +1,35 @@
+#include "dschat/models/backbone.h"
+
+#include "dschat/core/error.h"
+#include "models/llama.h"
+#include "models/opt.h"
+
+namespace dschat {
+namespace models {
+
+torch::Tensor Backbone::full_mask(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                  const nn::KvCache* cache) const {
+  DSCHAT_CHECK(input_ids.dim() == 2, InvalidArgument, "forward: input_ids must be [batch, tokens], got shape ",
+               input_ids.sizes());
+  const int64_t cached = cache ? cache->cached_length() : 0;
+  const int64_t total = cached + input_ids.size(1);
+  if (!attention_mask.defined()) {
+    return torch::ones({input_ids.size(0), total}, torch::dtype(torch::kInt64).device(input_ids.device()));
+  }
+  DSCHAT_CHECK(attention_mask.dim() == 2 && attention_mask.size(0) == input_ids.size(0) &&
+                   attention_mask.size(1) == total,
+               InvalidArgument, "forward: attention_mask must be [", input_ids.size(0), ", ", total,
+               "] (cached + new tokens), got ", attention_mask.sizes());
+  return attention_mask;
+}
+
+std::shared_ptr<Backbone> make_backbone(const core::ModelConfig& config) {
+  switch (config.architecture) {
+    case core::Architecture::Opt: return std::make_shared<OptModel>(config);
+    case core::Architecture::Llama: return std::make_shared<LlamaModel>(config);
+  }
+  DSCHAT_THROW(Unsupported, "model_type '", config.model_type, "' has no backbone");
+}
+
+}  // namespace models
+}  // namespace dschat

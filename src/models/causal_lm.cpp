@@ -1,0 +1,62 @@
+#include "dschat/models/causal_lm.h"
+
+namespace dschat {
+namespace models {
+
+NamedTensors rebase_backbone_names(const NamedTensors& weights, const std::string& prefix) {
+  static const std::vector<std::string> kKnownPrefixes = {"model.", "rwtransformer.", "base_model."};
+  NamedTensors out;
+  for (const auto& [name, tensor] : weights) {
+    std::string key = name;
+    for (const auto& known : kKnownPrefixes) {
+      if (key.rfind(known, 0) == 0) {
+        key = key.substr(known.size());
+        break;
+      }
+    }
+    bool is_head = key == "lm_head.weight" || key == "v_head.weight";
+    out.emplace(is_head ? key : prefix + key, tensor);
+  }
+  return out;
+}
+
+CausalLMImpl::CausalLMImpl(const core::ModelConfig& config) {
+  backbone_ = register_module("model", make_backbone(config));
+  if (!config.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head",
+                               nn::Linear(nn::LinearOptions(config.output_dim(), config.vocab_size).bias(false)));
+  }
+}
+
+torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                          nn::KvCache* cache) {
+  return backbone_->forward(input_ids, attention_mask, cache);
+}
+
+torch::Tensor CausalLMImpl::lm_logits(const torch::Tensor& hidden) {
+  if (lm_head_.is_empty()) return torch::nn::functional::linear(hidden, backbone_->embedding_weight());
+  return lm_head_(hidden);
+}
+
+torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                    nn::KvCache* cache) {
+  return lm_logits(hidden_states(input_ids, attention_mask, cache));
+}
+
+void CausalLMImpl::load_weights(const NamedTensors& weights, const std::string& source) {
+  WeightBinding binding;
+  if (config().tie_word_embeddings) binding.ignored.insert("lm_head.weight");
+  models::load_weights(*this, rebase_backbone_names(weights, "model."), binding, source);
+}
+
+NamedTensors CausalLMImpl::state_dict() const { return named_weights(*this); }
+
+void CausalLMImpl::pretty_print(std::ostream& stream) const {
+  const auto& c = backbone_->config();
+  stream << "dschat::models::CausalLM(" << c.model_type << ", layers=" << c.num_hidden_layers
+         << ", hidden=" << c.hidden_size << ", vocab=" << c.vocab_size
+         << ", tied=" << (c.tie_word_embeddings ? "true" : "false") << ")";
+}
+
+}  // namespace models
+}  // namespace dschat

@@ -1,0 +1,65 @@
+#include "models/llama.h"
+
+#include "dschat/nn/activation.h"
+#include "dschat/nn/rotary.h"
+
+namespace dschat {
+namespace models {
+
+LlamaMlpImpl::LlamaMlpImpl(const core::ModelConfig& config)
+    : activation_(static_cast<int>(nn::parse_activation(config.activation))) {
+  const int64_t h = config.hidden_size, f = config.intermediate_size;
+  gate_proj = register_module("gate_proj", nn::Linear(nn::LinearOptions(h, f).bias(config.mlp_bias)));
+  up_proj = register_module("up_proj", nn::Linear(nn::LinearOptions(h, f).bias(config.mlp_bias)));
+  down_proj = register_module("down_proj", nn::Linear(nn::LinearOptions(f, h).bias(config.mlp_bias)));
+}
+
+torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
+  torch::Tensor gate = nn::apply_activation(static_cast<nn::Activation>(activation_), gate_proj(x));  // [B, T, F]
+  return down_proj(gate * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config) {
+  self_attn = register_module(
+      "self_attn", nn::Attention(nn::AttentionOptions(config.hidden_size, config.num_attention_heads)
+                                     .num_kv_heads(config.num_key_value_heads)
+                                     .head_dim(config.head_dim)
+                                     .bias(config.attention_bias)
+                                     .output_name("o_proj")
+                                     .dropout(config.attention_dropout)));
+  mlp = register_module("mlp", LlamaMlp(config));
+  auto norm_options = nn::RmsNormOptions(config.hidden_size).eps(config.rms_norm_eps);
+  input_layernorm = register_module("input_layernorm", nn::RmsNorm(norm_options));
+  post_attention_layernorm = register_module("post_attention_layernorm", nn::RmsNorm(norm_options));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer,
+                                             nn::KvCache* cache) {
+  torch::Tensor h = x + self_attn(input_layernorm(x), inputs, layer, cache);  // [B, T, H]
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModel::LlamaModel(const core::ModelConfig& config) : Backbone(config) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
+  norm = register_module("norm", nn::RmsNorm(nn::RmsNormOptions(config.hidden_size).eps(config.rms_norm_eps)));
+}
+
+torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                  nn::KvCache* cache) {
+  torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
+  const int64_t steps = input_ids.size(1);
+  // Positions follow the mask (as HF generate computes them), so left padding does not shift them.
+  torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/1);  // [B, T]
+  torch::Tensor h = embed_tokens(input_ids);                                          // [B, T, H]
+
+  nn::AttentionInputs inputs;
+  inputs.bias = nn::causal_attention_bias(mask, steps, h.scalar_type());  // [B, 1, T, S]
+  std::tie(inputs.cos, inputs.sin) = nn::rotary_cos_sin(config_, positions, h.scalar_type());  // [B, T, D] each
+  h = run_layers<LlamaDecoderLayerImpl>(layers, h, inputs, cache);
+  return norm(h);  // [B, T, H]
+}
+
+}  // namespace models
+}  // namespace dschat

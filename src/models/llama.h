@@ -1,0 +1,52 @@
+#pragma once
+// LLaMA (and LLaMA-2/3 shapes): RMSNorm, rotary embeddings with the configured scaling, SwiGLU
+// MLP, grouped-query attention. Parameter names match LlamaModel's state dict:
+// embed_tokens.weight, layers.N.self_attn.q_proj.weight, ..., norm.weight.
+
+#include "dschat/models/backbone.h"
+#include "dschat/nn/attention.h"
+#include "dschat/nn/linear.h"
+#include "dschat/nn/rms_norm.h"
+
+namespace dschat {
+namespace models {
+
+class LlamaMlpImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMlpImpl(const core::ModelConfig& config);
+  /// x: [B, T, H] -> down(act(gate(x)) * up(x)): [B, T, H]
+  torch::Tensor forward(const torch::Tensor& x);
+
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  int activation_;
+};
+TORCH_MODULE(LlamaMlp);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const core::ModelConfig& config);
+  /// x: [B, T, H] -> [B, T, H]
+  torch::Tensor forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer, nn::KvCache* cache);
+
+  nn::Attention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+  nn::RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+class LlamaModel : public Backbone {
+ public:
+  explicit LlamaModel(const core::ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                        nn::KvCache* cache) override;
+  torch::Tensor embedding_weight() override { return embed_tokens->weight; }
+
+  torch::nn::Embedding embed_tokens{nullptr};  // [V, H]
+  torch::nn::ModuleList layers{nullptr};
+  nn::RmsNorm norm{nullptr};
+};
+
+}  // namespace models
+}  // namespace dschat

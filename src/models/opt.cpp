@@ -1,0 +1,91 @@
+#include "models/opt.h"
+
+#include "dschat/nn/activation.h"
+
+namespace dschat {
+namespace models {
+namespace {
+
+constexpr int64_t kPositionOffset = 2;  // OPT's learned positions start at index 2
+constexpr double kLayerNormEps = 1e-5;
+
+torch::nn::LayerNorm make_layer_norm(const core::ModelConfig& config) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size})
+                                  .eps(kLayerNormEps)
+                                  .elementwise_affine(config.layer_norm_elementwise_affine));
+}
+
+}  // namespace
+
+OptDecoderLayerImpl::OptDecoderLayerImpl(const core::ModelConfig& config)
+    : pre_norm_(config.do_layer_norm_before),
+      dropout_(config.dropout),
+      activation_(static_cast<int>(nn::parse_activation(config.activation))) {
+  const int64_t h = config.hidden_size;
+  self_attn = register_module("self_attn", nn::Attention(nn::AttentionOptions(h, config.num_attention_heads)
+                                                              .bias(config.enable_bias)
+                                                              .output_name("out_proj")
+                                                              .scale_query(true)
+                                                              .dropout(config.attention_dropout)));
+  self_attn_layer_norm = register_module("self_attn_layer_norm", make_layer_norm(config));
+  fc1 = register_module("fc1", nn::Linear(nn::LinearOptions(h, config.intermediate_size).bias(config.enable_bias)));
+  fc2 = register_module("fc2", nn::Linear(nn::LinearOptions(config.intermediate_size, h).bias(config.enable_bias)));
+  final_layer_norm = register_module("final_layer_norm", make_layer_norm(config));
+}
+
+torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer,
+                                           nn::KvCache* cache) {
+  namespace F = torch::nn::functional;
+  auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
+  torch::Tensor residual = x;                                    // [B, T, H]
+  torch::Tensor h = pre_norm_ ? self_attn_layer_norm(x) : x;     // [B, T, H]
+  h = residual + F::dropout(self_attn(h, inputs, layer, cache), drop);
+  if (!pre_norm_) h = self_attn_layer_norm(h);
+
+  residual = h;
+  torch::Tensor f = pre_norm_ ? final_layer_norm(h) : h;  // [B, T, H]
+  f = fc1(f);                                             // [B, T, F]
+  f = nn::apply_activation(static_cast<nn::Activation>(activation_), f);
+  h = residual + F::dropout(fc2(f), drop);
+  return pre_norm_ ? h : final_layer_norm(h);
+}
+
+OptDecoderImpl::OptDecoderImpl(const core::ModelConfig& config) {
+  const int64_t e = config.word_embed_proj_dim, h = config.hidden_size;
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, e));
+  embed_positions =
+      register_module("embed_positions", torch::nn::Embedding(config.max_position_embeddings + kPositionOffset, h));
+  if (e != h) {
+    project_out = register_module("project_out", nn::Linear(nn::LinearOptions(h, e).bias(false)));
+    project_in = register_module("project_in", nn::Linear(nn::LinearOptions(e, h).bias(false)));
+  }
+  if (config.do_layer_norm_before && !config.remove_final_layer_norm) {
+    final_layer_norm = register_module("final_layer_norm", make_layer_norm(config));
+  }
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(OptDecoderLayer(config));
+}
+
+OptModel::OptModel(const core::ModelConfig& config) : Backbone(config) {
+  decoder = register_module("decoder", OptDecoder(config));
+}
+
+torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                nn::KvCache* cache) {
+  torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
+  const int64_t steps = input_ids.size(1);
+  torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/-1) + kPositionOffset;  // [B, T]
+  torch::Tensor h = decoder->embed_tokens(input_ids);  // [B, T, E]
+  if (!decoder->project_in.is_empty()) h = decoder->project_in(h);
+  h = h + decoder->embed_positions(positions);         // [B, T, H]
+
+  nn::AttentionInputs inputs;
+  inputs.bias = nn::causal_attention_bias(mask, steps, h.scalar_type());  // [B, 1, T, S]
+  h = run_layers<OptDecoderLayerImpl>(decoder->layers, h, inputs, cache);
+  if (!decoder->final_layer_norm.is_empty()) h = decoder->final_layer_norm(h);
+  if (!decoder->project_out.is_empty()) h = decoder->project_out(h);
+  return h;  // [B, T, E]
+}
+
+}  // namespace models
+}  // namespace dschat

@@ -1,0 +1,29 @@
+#include "dschat/models/value_head.h"
+
+#include "dschat/models/causal_lm.h"
+
+namespace dschat {
+namespace models {
+
+ValueHeadModelImpl::ValueHeadModelImpl(const core::ModelConfig& config) {
+  backbone_ = register_module("rwtransformer", make_backbone(config));
+  v_head_ = register_module("v_head", nn::Linear(nn::LinearOptions(config.output_dim(), 1).bias(false)));
+}
+
+torch::Tensor ValueHeadModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
+  torch::Tensor hidden = backbone_->forward(input_ids, attention_mask, nullptr);  // [B, T, E]
+  return v_head_(hidden).squeeze(-1);                                            // [B, T]
+}
+
+void ValueHeadModelImpl::load_weights(const NamedTensors& weights, const std::string& source,
+                                      bool allow_missing_head) {
+  WeightBinding binding;
+  binding.ignored.insert("lm_head.weight");
+  if (allow_missing_head) binding.optional.insert("v_head.weight");
+  models::load_weights(*this, rebase_backbone_names(weights, "rwtransformer."), binding, source);
+}
+
+NamedTensors ValueHeadModelImpl::state_dict() const { return named_weights(*this); }
+
+}  // namespace models
+}  // namespace dschat

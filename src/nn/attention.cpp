@@ -1,0 +1,88 @@
+#include "dschat/nn/attention.h"
+
+#include <cmath>
+
+#include "dschat/core/error.h"
+#include "dschat/nn/rotary.h"
+
+namespace dschat {
+namespace nn {
+
+namespace {
+
+// The most negative finite value of `dtype` (torch.finfo(dtype).min): masked scores stay finite,
+// so a fully masked row (a left-padding query) softmaxes to uniform instead of NaN.
+double lowest_value(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat16: return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    case torch::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    case torch::kFloat64: return std::numeric_limits<double>::lowest();
+    default: return std::numeric_limits<float>::lowest();
+  }
+}
+
+}  // namespace
+
+torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype) {
+  const int64_t total = attention_mask.size(1), cached = total - new_tokens;
+  auto device = attention_mask.device();
+  torch::Tensor query_pos = torch::arange(cached, total, torch::dtype(torch::kInt64).device(device)).unsqueeze(1);  // [T, 1]
+  torch::Tensor key_pos = torch::arange(total, torch::dtype(torch::kInt64).device(device)).unsqueeze(0);            // [1, S]
+  torch::Tensor allowed = (key_pos <= query_pos).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1);       // [B, T, S]
+  double min_value = lowest_value(dtype);
+  torch::Tensor bias = torch::zeros(allowed.sizes(), torch::dtype(dtype).device(device));  // [B, T, S]
+  return bias.masked_fill(allowed.logical_not(), min_value).unsqueeze(1);
+}
+
+torch::Tensor positions_from_mask(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t pad_position) {
+  torch::Tensor mask = attention_mask.to(torch::kInt64);  // [B, S]
+  torch::Tensor positions = mask.cumsum(1) - 1;           // [B, S]
+  positions = positions.masked_fill(mask == 0, pad_position);
+  return positions.narrow(1, mask.size(1) - new_tokens, new_tokens);
+}
+
+AttentionImpl::AttentionImpl(const AttentionOptions& options_) : options(options_) {
+  const int64_t h = options.hidden_size(), d = options.head_dim();
+  DSCHAT_CHECK(options.num_heads() % options.num_kv_heads() == 0, InvalidArgument, "attention: num_heads (",
+               options.num_heads(), ") must be a multiple of num_kv_heads (", options.num_kv_heads(), ")");
+  q_proj = register_module("q_proj", Linear(LinearOptions(h, options.num_heads() * d).bias(options.bias())));
+  k_proj = register_module("k_proj", Linear(LinearOptions(h, options.num_kv_heads() * d).bias(options.bias())));
+  v_proj = register_module("v_proj", Linear(LinearOptions(h, options.num_kv_heads() * d).bias(options.bias())));
+  o_proj = register_module(options.output_name(),
+                           Linear(LinearOptions(options.num_heads() * d, h).bias(options.bias())));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer,
+                                     KvCache* cache) {
+  const int64_t batch = x.size(0), steps = x.size(1), d = options.head_dim();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor q = q_proj(x);  // [B, T, H * D]
+  if (options.scale_query()) q = q * scale;
+  q = q.view({batch, steps, options.num_heads(), d}).transpose(1, 2);                  // [B, H, T, D]
+  torch::Tensor k = k_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
+  torch::Tensor v = v_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
+  if (inputs.cos.defined()) {
+    q = apply_rotary(q, inputs.cos, inputs.sin);
+    k = apply_rotary(k, inputs.cos, inputs.sin);
+  }
+  if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, Hkv, S, D] each
+  const int64_t groups = options.num_heads() / options.num_kv_heads();
+  if (groups > 1) {  // grouped-query attention: each KV head serves `groups` query heads
+    k = k.repeat_interleave(groups, 1);  // [B, H, S, D]
+    v = v.repeat_interleave(groups, 1);  // [B, H, S, D]
+  }
+  double dropout = is_training() ? options.dropout() : 0.0;
+  torch::Tensor out = at::scaled_dot_product_attention(q, k, v, inputs.bias.to(q.scalar_type()), dropout,
+                                                       /*is_causal=*/false,
+                                                       options.scale_query() ? 1.0 : scale);  // [B, H, T, D]
+  out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});  // [B, T, H * D]
+  return o_proj(out);
+}
+
+void AttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "dschat::nn::Attention(hidden=" << options.hidden_size() << ", heads=" << options.num_heads()
+         << ", kv_heads=" << options.num_kv_heads() << ", head_dim=" << options.head_dim() << ")";
+}
+
+}  // namespace nn
+}  // namespace dschat

@@ -1,0 +1,77 @@
+#include "dschat/nn/checkpoint.h"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "dschat/core/error.h"
+
+namespace dschat {
+namespace nn {
+namespace {
+
+// Holds the closure so it can ride in the autograd context (which stores IValues only).
+struct ClosureHolder : torch::CustomClassHolder {
+  std::function<torch::Tensor(const torch::Tensor&)> fn;
+  std::vector<c10::Device> devices;         // CPU, plus the input's accelerator if any
+  std::vector<at::Tensor> rng_states;        // generator state of each device before the first pass
+};
+
+std::vector<at::Tensor> rng_states(const std::vector<c10::Device>& devices) {
+  std::vector<at::Tensor> states;
+  for (const auto& device : devices) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    states.push_back(gen.get_state());
+  }
+  return states;
+}
+
+void set_rng_states(const std::vector<c10::Device>& devices, const std::vector<at::Tensor>& states) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    at::Generator gen = at::globalContext().defaultGenerator(devices[i]);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states[i]);
+  }
+}
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               c10::intrusive_ptr<ClosureHolder> holder) {
+    holder->rng_states = rng_states(holder->devices);
+    ctx->save_for_backward({input});
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(holder);
+    torch::NoGradGuard no_grad;
+    return holder->fn(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto holder = c10::static_intrusive_pointer_cast<ClosureHolder>(ctx->saved_data["closure"].toCapsule());
+    torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(ctx->needs_input_grad(0));
+    std::vector<at::Tensor> states_now = rng_states(holder->devices);
+    set_rng_states(holder->devices, holder->rng_states);  // same dropout masks as the first pass
+    torch::Tensor output;
+    {
+      torch::AutoGradMode enable(true);
+      output = holder->fn(input);
+    }
+    set_rng_states(holder->devices, states_now);
+    torch::autograd::backward({output}, {grad_outputs[0]});
+    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& input) {
+  DSCHAT_CHECK(input.defined(), InvalidArgument, "checkpoint: input tensor is undefined");
+  auto holder = c10::make_intrusive<ClosureHolder>();
+  holder->fn = fn;
+  holder->devices.emplace_back(c10::kCPU);
+  if (!input.is_cpu()) holder->devices.push_back(input.device());
+  return CheckpointFunction::apply(input, holder);
+}
+
+}  // namespace nn
+}  // namespace dschat

@@ -1,0 +1,53 @@
+#include "dschat/nn/rotary.h"
+
+#include <cmath>
+
+namespace dschat {
+namespace nn {
+
+torch::Tensor rotary_inverse_frequencies(const core::ModelConfig& config, int64_t sequence_length) {
+  const auto& rope = config.rope_scaling;
+  const int64_t dim = config.head_dim;
+  double base = config.rope_theta;
+  if (rope.type == "dynamic" && sequence_length > config.max_position_embeddings) {
+    double ratio = rope.factor * static_cast<double>(sequence_length) / config.max_position_embeddings - (rope.factor - 1);
+    base = base * std::pow(ratio, static_cast<double>(dim) / (dim - 2));
+  }
+  // Same op order as transformers: int64 arange -> float, / dim, base ** that, reciprocal.
+  torch::Tensor exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);  // [D/2]
+  torch::Tensor inv_freq = 1.0 / torch::pow(torch::scalar_tensor(base, torch::kFloat32), exponents);  // [D/2]
+  if (rope.type == "linear") return inv_freq / rope.factor;
+  if (rope.type == "llama3") {
+    double old_context = rope.original_max_position_embeddings > 0 ? rope.original_max_position_embeddings
+                                                                     : config.max_position_embeddings;
+    double low_wavelen = old_context / rope.low_freq_factor;
+    double high_wavelen = old_context / rope.high_freq_factor;
+    torch::Tensor wavelen = 2 * M_PI / inv_freq;  // [D/2]
+    torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq);  // [D/2]
+    torch::Tensor smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+    torch::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;  // [D/2]
+    torch::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);  // [D/2]
+    return torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const core::ModelConfig& config, const torch::Tensor& positions,
+                                                       torch::ScalarType dtype) {
+  int64_t longest = positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
+  torch::Tensor inv_freq = rotary_inverse_frequencies(config, longest).to(positions.device());  // [D/2]
+  torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;                // [B, T, D/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);                                          // [B, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor x1 = x.narrow(-1, 0, half);                  // [B, H, T, D/2]
+  torch::Tensor x2 = x.narrow(-1, half, x.size(-1) - half);  // [B, H, T, D/2]
+  torch::Tensor rotated = torch::cat({-x2, x1}, -1);         // [B, H, T, D]
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+}  // namespace nn
+}  // namespace dschat

@@ -1,0 +1,188 @@
+// Parity with Hugging Face transformers on the tiny random checkpoints of tools/make_fixtures.py.
+// Tolerances: fp32 logits 1e-4 absolute; gradients 1e-4 relative to the largest entry of each
+// gradient; loss 1e-5 relative; greedy ids identical; bf16 logits 0.1 absolute (bf16 keeps 8
+// mantissa bits and the two runs round intermediate sums differently; logits are O(1..10)).
+#include <gtest/gtest.h>
+
+#include "dschat/inference/generate.h"
+#include "dschat/inference/kv_cache.h"
+#include "dschat/inference/model_loader.h"
+#include "dschat/io/npy.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+using testing::fixture;
+using testing::max_abs_diff;
+
+struct Batch {
+  torch::Tensor ids;   // [B, T]
+  torch::Tensor mask;  // [B, T]
+};
+
+Batch load_batch(const std::string& name) {
+  auto dir = fixture(name) / "expected";
+  return {io::load_npy(dir / "input_ids.npy"), io::load_npy(dir / "attention_mask.npy")};
+}
+
+// max |a - b| over the positions where mask == 1 (HF leaves padded positions unspecified).
+double masked_max_diff(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& mask) {
+  torch::Tensor keep = mask.to(torch::kBool);  // [B, T]
+  return max_abs_diff(a.index({keep}), b.index({keep}));
+}
+
+// The loss of tools/make_fixtures.py: mean next-token NLL where target and context are real.
+torch::Tensor lm_loss(const torch::Tensor& logits, const Batch& batch) {
+  const int64_t t = logits.size(1);
+  torch::Tensor logp = torch::log_softmax(logits.narrow(1, 0, t - 1).to(torch::kFloat32), -1);  // [B, T-1, V]
+  torch::Tensor target = batch.ids.narrow(1, 1, t - 1);                                          // [B, T-1]
+  torch::Tensor nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1);                         // [B, T-1]
+  torch::Tensor weight = (batch.mask.narrow(1, 1, t - 1) * batch.mask.narrow(1, 0, t - 1)).to(torch::kFloat32);
+  return (nll * weight).sum() / weight.sum();
+}
+
+class ModelParity : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string name() const { return GetParam(); }
+  std::string model_dir() const { return (fixture(name())).string(); }
+};
+
+TEST_P(ModelParity, Fp32LogitsMatchTransformers) {
+  Batch batch = load_batch(name());
+  torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / "logits.npy");  // [B, T, V]
+  for (const auto& dir : {model_dir(), model_dir() + "/bin"}) {
+    auto model = inference::load_causal_lm(dir);
+    torch::NoGradGuard no_grad;
+    torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V]
+    ASSERT_EQ(logits.sizes(), expected.sizes());
+    EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 1e-4) << dir;
+  }
+}
+
+TEST_P(ModelParity, GreedyIdsMatchTransformers) {
+  Batch batch = load_batch(name());
+  torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / "greedy.npy");  // [B, T + N]
+  auto model = inference::load_causal_lm(model_dir());
+  core::GenerationConfig config;
+  config.max_new_tokens = expected.size(1) - batch.ids.size(1);
+  auto result = inference::generate(model, batch.ids, batch.mask, config);
+  EXPECT_TRUE(torch::equal(result.sequences, expected)) << result.sequences << "\nexpected\n" << expected;
+}
+
+TEST_P(ModelParity, GradientsMatchTransformers) {
+  Batch batch = load_batch(name());
+  auto model = inference::load_causal_lm(model_dir());
+  torch::Tensor loss = lm_loss(model->forward(batch.ids, batch.mask), batch);
+  loss.backward();
+  float expected_loss = io::load_npy(fixture(name()) / "expected" / "loss.npy").item<float>();
+  EXPECT_NEAR(loss.item<float>(), expected_loss, 1e-5 * std::abs(expected_loss));
+  auto params = model->named_parameters();
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(fixture(name()) / "expected" / "grad")) {
+    std::string param = entry.path().stem().string();
+    torch::Tensor expected = io::load_npy(entry.path());
+    ASSERT_NE(params.find(param), nullptr) << param;
+    torch::Tensor grad = params[param].grad();
+    ASSERT_TRUE(grad.defined()) << param;
+    double scale = expected.abs().max().item<double>();
+    EXPECT_LT(max_abs_diff(grad, expected), 1e-4 * scale) << param;
+    ++compared;
+  }
+  EXPECT_GE(compared, 5);
+}
+
+TEST_P(ModelParity, Bf16LogitsCloseToTransformersBf16) {
+  Batch batch = load_batch(name());
+  torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / "logits_bf16.npy");  // [B, T, V]
+  inference::LoadOptions options;
+  options.dtype = torch::kBFloat16;
+  auto model = inference::load_causal_lm(model_dir(), options);
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V] bf16
+  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+  EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 0.1);
+}
+
+TEST_P(ModelParity, IncrementalDecodingMatchesFullForward) {
+  Batch batch = load_batch(name());
+  auto model = inference::load_causal_lm(model_dir());
+  torch::NoGradGuard no_grad;
+  torch::Tensor full = model->forward(batch.ids, batch.mask);  // [B, T, V]
+  const int64_t t = batch.ids.size(1), split = 6;
+  inference::ContiguousKvCache cache(model->config(), batch.ids.size(0), t, torch::kFloat32, torch::kCPU);
+  torch::Tensor first = model->forward(batch.ids.narrow(1, 0, split), batch.mask.narrow(1, 0, split), &cache);
+  std::vector<torch::Tensor> pieces = {first};
+  for (int64_t i = split; i < t; ++i) {
+    pieces.push_back(model->forward(batch.ids.narrow(1, i, 1), batch.mask.narrow(1, 0, i + 1), &cache));
+  }
+  EXPECT_EQ(cache.cached_length(), t);
+  EXPECT_LT(masked_max_diff(torch::cat(pieces, 1), full, batch.mask), 1e-4);
+}
+
+TEST_P(ModelParity, GradientCheckpointingGivesTheSameGradients) {
+  Batch batch = load_batch(name());
+  std::vector<std::map<std::string, torch::Tensor>> grads(2);
+  for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
+    auto model = inference::load_causal_lm(model_dir());
+    model->train();  // dropout on (OPT): the checkpoint must replay the same masks
+    model->backbone().set_gradient_checkpointing(checkpointing == 1);
+    torch::manual_seed(7);
+    lm_loss(model->forward(batch.ids, batch.mask), batch).backward();
+    for (const auto& p : model->named_parameters()) grads[checkpointing][p.key()] = p.value().grad().clone();
+  }
+  for (const auto& [param, grad] : grads[0]) {
+    EXPECT_LT(max_abs_diff(grad, grads[1][param]), 1e-6) << param;
+  }
+}
+
+TEST_P(ModelParity, SaveThenLoadIsBitwiseIdentical) {
+  testing::TempDir tmp;
+  auto model = inference::load_causal_lm(model_dir());
+  inference::save_causal_lm(model, tmp.path(), /*max_shard_bytes=*/40000);  // several shards
+  EXPECT_TRUE(std::filesystem::exists(tmp / "model.safetensors.index.json"));
+  auto reloaded = inference::load_causal_lm(tmp.path().string());
+  auto a = model->state_dict(), b = reloaded->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [param, tensor] : a) EXPECT_TRUE(torch::equal(tensor, b.at(param))) << param;
+  EXPECT_EQ(core::model_config_to_json(model->config()), core::model_config_to_json(reloaded->config()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
+                         ::testing::Values("opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+TEST(ValueHeadParity, RewardValuesMatchDeepSpeedChatLayout) {
+  auto dir = fixture("reward-opt-postln");
+  torch::Tensor ids = io::load_npy(dir / "expected" / "input_ids.npy");        // [B, T]
+  torch::Tensor mask = io::load_npy(dir / "expected" / "attention_mask.npy");  // [B, T]
+  torch::Tensor expected = io::load_npy(dir / "expected" / "values.npy");      // [B, T]
+  auto model = inference::load_value_model(dir.string());
+  EXPECT_EQ(model->config().output_dim(), 16);  // word_embed_proj_dim, not hidden_size
+  torch::NoGradGuard no_grad;
+  EXPECT_LT(masked_max_diff(model->forward(ids, mask), expected, mask), 1e-4);
+
+  testing::TempDir tmp;
+  inference::save_value_model(model, tmp.path());
+  auto names = model->state_dict();
+  EXPECT_TRUE(names.count("v_head.weight"));
+  EXPECT_TRUE(names.count("rwtransformer.decoder.embed_tokens.weight"));
+  auto reloaded = inference::load_value_model(tmp.path().string());
+  EXPECT_TRUE(torch::equal(reloaded->forward(ids, mask), model->forward(ids, mask)));
+}
+
+TEST(ValueHeadParity, InitialisesFromCausalLmCheckpointWhenAllowed) {
+  std::string dir = fixture("opt-postln").string();
+  EXPECT_THROW_WITH(inference::load_value_model(dir), core::FormatError, "v_head.weight");
+  auto model = inference::load_value_model(dir, {}, /*allow_missing_head=*/true);
+  auto lm = inference::load_causal_lm(dir);
+  EXPECT_TRUE(torch::equal(model->state_dict().at("rwtransformer.decoder.layers.1.fc1.weight"),
+                           lm->state_dict().at("model.decoder.layers.1.fc1.weight")));
+}
+
+}  // namespace
+}  // namespace dschat
