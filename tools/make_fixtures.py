@@ -14,7 +14,7 @@ For each model:
 Plus reward-opt-postln/: DeepSpeed-Chat reward layout (rwtransformer.*, v_head.weight) and
 expected/values.npy [3, 10].
 
-Usage: tools/make_fixtures.py [OUT_DIR]   (default tests/fixtures)
+Usage: tools/make_fixtures.py [OUT_DIR [DEMO_DIR]]   (default tests/fixtures, assets/tiny-opt)
 """
 import json
 import pathlib
@@ -151,12 +151,25 @@ def write_reward(out, source_model):
     save_npy(folder / "expected" / "values.npy", values.numpy())
 
 
+def write_demo(folder):
+    """assets/tiny-opt: a random OPT with GPT-2's vocabulary (assets/gpt2-bpe), fp16 on disk, for
+    the README's quick start and the CLI tests (its output is noise: the weights are random)."""
+    config = OPTConfig(vocab_size=50257, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, ffn_dim=32,
+                       max_position_embeddings=256, word_embed_proj_dim=16, pad_token_id=50256,
+                       bos_token_id=50256, eos_token_id=50256)
+    torch.manual_seed(SEED)
+    model = OPTForCausalLM(config).eval().to(torch.float16)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "generation_config.json").unlink(missing_ok=True)
+
+
 def main():
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures")
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     models = {name: write_model(out, name, config) for name, config in MODELS.items()}
     write_reward(out, models["opt-postln"])
+    write_demo(pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "assets/tiny-opt"))
     print(f"fixtures written to {out}")
 
 

@@ -10,6 +10,7 @@ namespace cli {
 void add_info_command(CLI::App& app);
 void add_forward_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace cli
 }  // namespace dschat

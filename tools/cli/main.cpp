@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   dschat::cli::add_info_command(app);
   dschat::cli::add_forward_command(app);
   dschat::cli::add_generate_command(app);
+  dschat::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
