@@ -1,0 +1,110 @@
+// Bad checkpoints and names give errors that name the file and every offending tensor or path.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "dschat/inference/model_loader.h"
+#include "dschat/io/model_source.h"
+#include "dschat/io/state_dict.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+namespace fs = std::filesystem;
+
+// A copy of a fixture model whose weights went through `edit`.
+fs::path edited_copy(const testing::TempDir& tmp, const std::string& name,
+                     const std::function<void(io::TensorMap&)>& edit) {
+  fs::path dir = tmp / name;
+  fs::create_directories(dir);
+  fs::copy_file(testing::fixture(name) / "config.json", dir / "config.json");
+  io::TensorMap weights = io::load_state_dict(testing::fixture(name));
+  edit(weights);
+  io::save_safetensors(dir / "model.safetensors", weights);
+  return dir;
+}
+
+TEST(ModelErrors, MissingAndUnexpectedTensorsAreListedByName) {
+  testing::TempDir tmp;
+  auto dir = edited_copy(tmp, "opt-preln", [](io::TensorMap& w) {
+    w.erase("model.decoder.layers.1.fc1.bias");
+    w["model.decoder.extra.weight"] = torch::zeros({2});
+  });
+  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError,
+                    "missing tensors: model.decoder.layers.1.fc1.bias; unexpected tensors: model.decoder.extra.weight");
+}
+
+TEST(ModelErrors, ConfigContradictingWeightShapesNamesTheTensor) {
+  testing::TempDir tmp;
+  auto dir = edited_copy(tmp, "llama-gqa", [](io::TensorMap& w) {
+    w["model.layers.0.self_attn.k_proj.weight"] = torch::zeros({32, 32});  // config says 2 KV heads: [16, 32]
+  });
+  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError,
+                    "'model.layers.0.self_attn.k_proj.weight' has shape [32, 32] in the checkpoint but [16, 32]");
+}
+
+TEST(ModelErrors, IntegerWeightsAreRejected) {
+  testing::TempDir tmp;
+  auto dir = edited_copy(tmp, "opt-preln", [](io::TensorMap& w) {
+    w["model.decoder.layers.0.fc1.bias"] = torch::zeros({64}, torch::kInt32);
+  });
+  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError, "expected a floating-point dtype");
+}
+
+TEST(ModelErrors, UnknownModelTypeNamesTheConfigFile) {
+  testing::TempDir tmp;
+  std::ofstream(tmp / "config.json") << R"({"model_type": "bloom", "vocab_size": 3})";
+  EXPECT_THROW_WITH(inference::load_causal_lm(tmp.path().string()), core::Unsupported, "config.json: model_type 'bloom'");
+}
+
+TEST(ModelErrors, MissingWeightsListTheFilesLookedFor) {
+  testing::TempDir tmp;
+  fs::copy_file(testing::fixture("opt-preln") / "config.json", tmp / "config.json");
+  EXPECT_THROW_WITH(inference::load_causal_lm(tmp.path().string()), core::NotFound, "model.safetensors");
+}
+
+TEST(ModelSource, UnknownModelListsEverySearchedPath) {
+  testing::TempDir tmp;
+  setenv("HF_HOME", tmp.path().c_str(), 1);
+  try {
+    io::resolve_model_dir("opt-6.7b");
+    FAIL() << "expected NotFound";
+  } catch (const core::NotFound& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("nothing is downloaded"), std::string::npos) << what;
+    EXPECT_NE(what.find((tmp / "hub" / "models--facebook--opt-6.7b" / "snapshots").string()), std::string::npos) << what;
+  }
+  unsetenv("HF_HOME");
+}
+
+TEST(ModelSource, FindsHubCacheSnapshotsByIdAndShortName) {
+  testing::TempDir tmp;
+  fs::path repo = tmp / "hub" / "models--facebook--opt-125m";
+  fs::create_directories(repo / "refs");
+  fs::create_directories(repo / "snapshots" / "abc123");
+  std::ofstream(repo / "refs" / "main") << "abc123";
+  fs::copy_file(testing::fixture("opt-preln") / "config.json", repo / "snapshots" / "abc123" / "config.json");
+  setenv("HF_HOME", tmp.path().c_str(), 1);
+  EXPECT_EQ(io::resolve_model_dir("facebook/opt-125m"), repo / "snapshots" / "abc123");
+  EXPECT_EQ(io::resolve_model_dir("opt-125m"), repo / "snapshots" / "abc123");
+  unsetenv("HF_HOME");
+  EXPECT_EQ(io::expand_short_model_name("llama-2-7b"), "meta-llama/Llama-2-7b-hf");
+  EXPECT_EQ(io::expand_short_model_name("opt-1.3b"), "facebook/opt-1.3b");
+}
+
+TEST(ModelSource, RandomInitBuildsPresetsWithoutWeights) {
+  inference::LoadOptions options;
+  options.random_init = true;
+  options.dtype = torch::kBFloat16;
+  auto model = inference::load_causal_lm("opt-125m", options);
+  EXPECT_EQ(model->config().num_hidden_layers, 12);
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits = model->forward(torch::tensor({{2, 100, 200}}, torch::kInt64));  // [1, 3, V]
+  EXPECT_EQ(logits.sizes(), (torch::IntArrayRef{1, 3, 50272}));
+  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace dschat
