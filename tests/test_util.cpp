@@ -39,6 +39,8 @@ int run_command(const std::string& command, std::string* output) {
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
+  if (a.numel() == 0) return 0.0;
   return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64)).abs().max().item<double>();
 }
 

@@ -1,0 +1,3 @@
+add_executable(dschat_forward_bench ${CMAKE_CURRENT_LIST_DIR}/forward_bench.cpp)
+target_link_libraries(dschat_forward_bench PRIVATE dschat CLI11::CLI11)
+target_precompile_headers(dschat_forward_bench REUSE_FROM dschat_cli)

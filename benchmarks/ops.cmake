@@ -1,0 +1,3 @@
+add_executable(dschat_rms_norm_bench ${CMAKE_CURRENT_LIST_DIR}/rms_norm_bench.cpp)
+target_link_libraries(dschat_rms_norm_bench PRIVATE dschat CLI11::CLI11)
+target_precompile_headers(dschat_rms_norm_bench REUSE_FROM dschat_cli)
