@@ -52,6 +52,21 @@ TEST(ModelErrors, IntegerWeightsAreRejected) {
   EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError, "expected a floating-point dtype");
 }
 
+TEST(ModelNames, OldOptCheckpointsWithoutModelPrefixLoad) {
+  // facebook/opt-* pytorch_model.bin files were saved from OPTModel: "decoder.*", no "model.".
+  testing::TempDir tmp;
+  auto dir = edited_copy(tmp, "opt-preln", [](io::TensorMap& w) {
+    io::TensorMap renamed;
+    for (auto& [name, tensor] : w) renamed.emplace(name.substr(std::string("model.").size()), tensor);
+    w = renamed;
+  });
+  auto old_layout = inference::load_causal_lm(dir.string());
+  auto reference = inference::load_causal_lm(testing::fixture("opt-preln").string());
+  for (const auto& [name, tensor] : reference->state_dict()) {
+    EXPECT_TRUE(torch::equal(tensor, old_layout->state_dict().at(name))) << name;
+  }
+}
+
 TEST(ModelErrors, UnknownModelTypeNamesTheConfigFile) {
   testing::TempDir tmp;
   std::ofstream(tmp / "config.json") << R"({"model_type": "bloom", "vocab_size": 3})";

@@ -1,7 +1,8 @@
 // Parity with Hugging Face transformers on the tiny random checkpoints of tools/make_fixtures.py.
 // Tolerances: fp32 logits 1e-4 absolute; gradients 1e-4 relative to the largest entry of each
-// gradient; loss 1e-5 relative; greedy ids identical; bf16 logits 0.1 absolute (bf16 keeps 8
-// mantissa bits and the two runs round intermediate sums differently; logits are O(1..10)).
+// gradient; loss 1e-5 relative; greedy ids identical; bf16 logits 0.03 absolute: 4 bf16 ulps at
+// the fixtures' logit magnitude (< 2), since the two runs may round intermediate sums differently
+// (measured: at most 0.0156, and fp32 logits are bitwise equal to transformers').
 #include <gtest/gtest.h>
 
 #include "dschat/inference/generate.h"
@@ -101,7 +102,7 @@ TEST_P(ModelParity, Bf16LogitsCloseToTransformersBf16) {
   torch::NoGradGuard no_grad;
   torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V] bf16
   EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
-  EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 0.1);
+  EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 0.03);
 }
 
 TEST_P(ModelParity, IncrementalDecodingMatchesFullForward) {
