@@ -54,8 +54,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::T
   torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/1);  // [B, T]
   torch::Tensor h = embed_tokens(input_ids);                                          // [B, T, H]
 
-  nn::AttentionInputs inputs;
-  inputs.bias = nn::causal_attention_bias(mask, steps, h.scalar_type());  // [B, 1, T, S]
+  nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
   std::tie(inputs.cos, inputs.sin) = nn::rotary_cos_sin(config_, positions, h.scalar_type());  // [B, T, D] each
   h = run_layers<LlamaDecoderLayerImpl>(layers, h, inputs, cache);
   return norm(h);  // [B, T, H]

@@ -79,8 +79,7 @@ torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Ten
   if (!decoder->project_in.is_empty()) h = decoder->project_in(h);
   h = h + decoder->embed_positions(positions);         // [B, T, H]
 
-  nn::AttentionInputs inputs;
-  inputs.bias = nn::causal_attention_bias(mask, steps, h.scalar_type());  // [B, 1, T, S]
+  nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
   h = run_layers<OptDecoderLayerImpl>(decoder->layers, h, inputs, cache);
   if (!decoder->final_layer_norm.is_empty()) h = decoder->final_layer_norm(h);
   if (!decoder->project_out.is_empty()) h = decoder->project_out(h);

@@ -34,6 +34,18 @@ torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t
   return bias.masked_fill(allowed.logical_not(), min_value).unsqueeze(1);
 }
 
+AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype) {
+  AttentionInputs inputs;
+  const int64_t total = attention_mask.size(1);
+  bool unpadded = attention_mask.numel() == 0 || attention_mask.all().item<bool>();
+  if (unpadded && new_tokens == total) {
+    inputs.is_causal = true;
+  } else if (!(unpadded && new_tokens == 1)) {
+    inputs.bias = causal_attention_bias(attention_mask, new_tokens, dtype);  // [B, 1, T, S]
+  }
+  return inputs;
+}
+
 torch::Tensor positions_from_mask(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t pad_position) {
   torch::Tensor mask = attention_mask.to(torch::kInt64);  // [B, S]
   torch::Tensor positions = mask.cumsum(1) - 1;           // [B, S]
@@ -72,8 +84,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
     v = v.repeat_interleave(groups, 1);  // [B, H, S, D]
   }
   double dropout = is_training() ? options.dropout() : 0.0;
-  torch::Tensor out = at::scaled_dot_product_attention(q, k, v, inputs.bias.to(q.scalar_type()), dropout,
-                                                       /*is_causal=*/false,
+  std::optional<torch::Tensor> bias;
+  if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
+  torch::Tensor out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal,
                                                        options.scale_query() ? 1.0 : scale);  // [B, H, T, D]
   out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});  // [B, T, H * D]
   return o_proj(out);

@@ -6,6 +6,7 @@
 // single_word rejects a match inside a word. Ids are assigned as `tokenizers` assigns them.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -36,7 +37,7 @@ class AddedVocabulary {
   /// Adds `token` as `tokenizers`' add_tokens does: the id of an existing added or model token of
   /// the same content, else the next free id after `model_size` (the number of model tokens).
   /// Returns the id.
-  int64_t add(const AddedToken& token, size_t model_size, int64_t model_id);
+  int64_t add(const AddedToken& token, size_t model_size, std::optional<int64_t> model_id);
   /// Recomputes the normalised forms and the matchers; call after the last add().
   void build(const Normalizer* normalizer);
 

@@ -157,7 +157,9 @@ std::optional<int32_t> BpeModel::lookup_piece(std::string_view piece, bool first
 std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
-  std::optional<std::pair<int32_t, size_t>> unk;  // pending unknown token: id, byte length
+  // A pending unknown token (id, byte length), held back so that consecutive ones can be fused.
+  int32_t unk = -1;
+  size_t unk_len = 0;
   auto unk_id = [&]() -> int32_t {
     auto id = token_to_id(*options_.unk_token);
     DSCHAT_CHECK(id.has_value(), FormatError, where_, ": unk_token '", *options_.unk_token,
@@ -171,8 +173,8 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
     std::string_view piece = word.substr(start, pos - start);
     bool first = start == 0, last = pos == word.size();
     if (auto id = lookup_piece(piece, first, last)) {
-      if (unk) add_symbol(symbols, unk->first, unk->second);
-      unk.reset();
+      if (unk >= 0) add_symbol(symbols, unk, unk_len);
+      unk = -1;
       add_symbol(symbols, *id, piece.size());
       continue;
     }
@@ -190,16 +192,17 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
       }
     }
     if (options_.unk_token) {
-      if (unk && options_.fuse_unk) {
-        unk->second += piece.size();
+      if (unk >= 0 && options_.fuse_unk) {
+        unk_len += piece.size();
       } else {
-        if (unk) add_symbol(symbols, unk->first, unk->second);
-        unk = std::make_pair(unk_id(), piece.size());
+        if (unk >= 0) add_symbol(symbols, unk, unk_len);
+        unk = unk_id();
+        unk_len = piece.size();
       }
     }
     // Without byte fallback or an unknown token the character is dropped, as in `tokenizers`.
   }
-  if (unk) add_symbol(symbols, unk->first, unk->second);
+  if (unk >= 0) add_symbol(symbols, unk, unk_len);
 
   merge_all(symbols, merges_);
   std::vector<int32_t> ids;

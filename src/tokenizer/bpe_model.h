@@ -53,6 +53,7 @@ class BpeModel {
   /// Largest id in the vocabulary, -1 when empty.
   int64_t max_id() const { return static_cast<int64_t>(tokens_.size()) - 1; }
   size_t size() const { return vocab_.size(); }
+  const std::optional<std::string>& unk_token() const { return options_.unk_token; }
 
  private:
   std::optional<int32_t> lookup_piece(std::string_view piece, bool first, bool last) const;

@@ -42,6 +42,10 @@ int64_t JsonSpec::integer(const char* key) const {
   return at(key, &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
 }
 
+double JsonSpec::number_or(const char* key, double fallback) const {
+  return has(key) ? at(key, &nlohmann::json::is_number, "a number").get<double>() : fallback;
+}
+
 const nlohmann::json& JsonSpec::array(const char* key) const {
   return at(key, &nlohmann::json::is_array, "an array");
 }

@@ -23,6 +23,7 @@ class JsonSpec {
   std::string string_or(const char* key, const std::string& fallback) const;
   bool boolean_or(const char* key, bool fallback) const;
   int64_t integer(const char* key) const;
+  double number_or(const char* key, double fallback) const;
   const nlohmann::json& array(const char* key) const;
   const nlohmann::json& object(const char* key) const;
   /// A single-code-point string such as Metaspace's "replacement".

@@ -42,7 +42,7 @@ class WordCache {
     std::string word;
     std::vector<int32_t> ids;
   };
-  struct Shard {
+  struct alignas(64) Shard {  // one cache line apart, so threads on different shards do not contend
     mutable std::mutex mutex;
     std::unordered_map<uint64_t, Entry> map;
   };

@@ -29,10 +29,16 @@ struct AttentionOptions {
 
 /// Per-forward inputs shared by every layer.
 struct AttentionInputs {
-  torch::Tensor bias;  // [B, 1, T, S] additive mask (0 or dtype-min), S = cached + T
-  torch::Tensor cos;   // [B, T, D] rotary, or undefined (OPT)
-  torch::Tensor sin;   // [B, T, D]
+  torch::Tensor bias;      // [B, 1, T, S] additive mask (0 or dtype-min), S = cached + T; undefined
+                           // when no token is padded (then `is_causal` or full attention applies)
+  bool is_causal = false;  // no padding and no cache: SDPA's causal fast path
+  torch::Tensor cos;       // [B, T, D] rotary, or undefined (OPT)
+  torch::Tensor sin;       // [B, T, D]
 };
+
+/// The masking part of AttentionInputs for attention_mask [B, S] and T new tokens: an explicit
+/// bias only when some token is padded, otherwise SDPA's causal path (T == S) or no mask (T == 1).
+AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype);
 
 /// attention_mask: [B, S] (1 = real token) -> additive bias [B, 1, T, S] in `dtype` that also
 /// enforces causality for the last T positions. Fully masked rows (left padding) stay finite.

@@ -1,0 +1,202 @@
+// Parity with Hugging Face: tests/tokenizer/make_tokenizer_cases.py writes cases computed with
+// `tokenizers`/`transformers` (GPT-2 from assets/gpt2-bpe, an OPT-style directory, added-token
+// flags, three LLaMA-style byte-fallback tokenizers), and every id and decoded text must match.
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "dschat/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace tokenizer {
+namespace {
+
+using testing::TempDir;
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string show(const std::vector<int64_t>& ids) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? ", " : "") << ids[i];
+  return out.str() + "]";
+}
+
+struct CaseSet {
+  std::string name;
+  std::string dir;
+  std::vector<nlohmann::json> lines;
+};
+
+class TokenizerParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::make_unique<TempDir>();
+    std::string command = std::string(DSCHAT_PYTHON) + " " +
+                          (testing::source_dir() / "tests/tokenizer/make_tokenizer_cases.py").string() + " --gpt2 " +
+                          (testing::source_dir() / "assets/gpt2-bpe").string() + " --out " +
+                          (dir_->path() / "cases").string();
+    status_ = testing::run_command(command, &output_);
+    if (status_ != 0) return;
+    std::ifstream manifest(dir_->path() / "cases/manifest.json");
+    for (const auto& entry : nlohmann::json::parse(manifest)) {
+      CaseSet set{entry["name"], entry["dir"], {}};
+      std::ifstream in(entry["cases"].get<std::string>());
+      std::string line;
+      while (std::getline(in, line)) set.lines.push_back(nlohmann::json::parse(line));
+      sets_.push_back(std::move(set));
+    }
+  }
+  static void TearDownTestSuite() {
+    sets_.clear();
+    dir_.reset();
+  }
+
+  const CaseSet& set(const std::string& name) {
+    EXPECT_EQ(status_, 0) << "make_tokenizer_cases.py failed:\n" << output_;
+    for (const CaseSet& s : sets_) {
+      if (s.name == name) return s;
+    }
+    static const CaseSet empty;
+    ADD_FAILURE() << "no case set '" << name << "'";
+    return empty;
+  }
+
+  // Compares every line of `name`; returns the number of encoded strings compared.
+  size_t check_set(const std::string& name, size_t min_cases) {
+    const CaseSet& cases = set(name);
+    if (cases.lines.empty()) return 0;
+    Tokenizer tok = Tokenizer::load(cases.dir);
+    size_t compared = 0, mismatches = 0;
+    auto report = [&](const std::string& what, const nlohmann::json& line, const std::string& got) {
+      if (++mismatches <= 5) ADD_FAILURE() << name << ": " << what << " differs for " << line.dump() << "\n  got " << got;
+    };
+    for (const nlohmann::json& line : cases.lines) {
+      std::vector<int64_t> ids;
+      if (line.contains("decode_ids")) {
+        ids = line["decode_ids"].get<std::vector<int64_t>>();
+      } else {
+        std::string text = line.contains("bytes_hex") ? from_hex(line["bytes_hex"]) : line["text"].get<std::string>();
+        ids = line["ids"].get<std::vector<int64_t>>();
+        std::vector<int64_t> got = tok.encode(text, true);
+        if (got != ids) report("encode", line, show(got));
+        std::vector<int64_t> got_plain = tok.encode(text, false);
+        if (got_plain != line["ids_plain"].get<std::vector<int64_t>>()) report("encode (no specials)", line, show(got_plain));
+        ++compared;
+      }
+      std::string decoded = tok.decode(ids, false);
+      if (decoded != line["decoded"].get<std::string>()) report("decode", line, nlohmann::json(decoded).dump());
+      std::string skipped = tok.decode(ids, true);
+      if (skipped != line["decoded_skip"].get<std::string>()) report("decode (skip special)", line, nlohmann::json(skipped).dump());
+    }
+    EXPECT_EQ(mismatches, 0u) << name;
+    EXPECT_GE(compared, min_cases) << name;
+    return compared;
+  }
+
+  static std::unique_ptr<TempDir> dir_;
+  static int status_;
+  static std::string output_;
+  static std::vector<CaseSet> sets_;
+};
+
+std::unique_ptr<TempDir> TokenizerParity::dir_;
+int TokenizerParity::status_ = -1;
+std::string TokenizerParity::output_;
+std::vector<CaseSet> TokenizerParity::sets_;
+
+TEST_F(TokenizerParity, Gpt2MatchesTransformersOnTenThousandStrings) { check_set("gpt2", 10000); }
+
+TEST_F(TokenizerParity, Gpt2InvalidUtf8AndRandomIdsMatch) { check_set("gpt2_bytes", 400); }
+
+TEST_F(TokenizerParity, Gpt2DecodeRoundTripsValidUtf8) {
+  const CaseSet& cases = set("gpt2");
+  if (cases.lines.empty()) return;
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  size_t failures = 0;
+  for (const nlohmann::json& line : cases.lines) {
+    std::string text = line["text"];
+    std::string back = tok.decode(tok.encode(text));
+    if (back != text && ++failures <= 5) ADD_FAILURE() << "round trip of " << line["text"].dump() << " gave " << back;
+  }
+  EXPECT_EQ(failures, 0u);
+}
+
+TEST_F(TokenizerParity, OptStyleDirectoryMatchesAutoTokenizer) {
+  check_set("opt", 1000);
+  const CaseSet& cases = set("opt");
+  if (cases.lines.empty()) return;
+  const nlohmann::json& meta = cases.lines.back();
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  EXPECT_EQ(tok.bos_token_id(), meta["bos"].get<int64_t>());
+  EXPECT_EQ(tok.eos_token_id(), meta["eos"].get<int64_t>());
+  EXPECT_EQ(tok.pad_token_id(), meta["pad"].get<int64_t>());
+  EXPECT_EQ(tok.unk_token_id(), meta["unk"].get<int64_t>());
+  EXPECT_EQ(tok.vocab_size(), meta["vocab_size"].get<int64_t>());
+  EXPECT_EQ(tok.encode("Hello", true).front(), meta["bos"].get<int64_t>()) << "OPT prepends </s> as bos";
+}
+
+TEST_F(TokenizerParity, AddedTokenFlagsMatchTokenizers) { check_set("gpt2_flags", 2000); }
+
+TEST_F(TokenizerParity, LlamaLegacyNormalizerMatchesTokenizers) { check_set("llama_legacy", 1400); }
+
+TEST_F(TokenizerParity, LlamaMetaspaceFirstMatchesTokenizers) { check_set("llama_metaspace", 1400); }
+
+TEST_F(TokenizerParity, LlamaMetaspaceSplitNfkcMatchesTokenizers) { check_set("llama_split", 1400); }
+
+TEST_F(TokenizerParity, LlamaFallsBackToByteTokens) {
+  const CaseSet& cases = set("llama_legacy");
+  if (cases.lines.empty()) return;
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  // U+4E2D is outside the small trained vocabulary: its UTF-8 bytes E4 B8 AD become <0x..> tokens.
+  std::vector<int64_t> ids = tok.encode("\xE4\xB8\xAD", false);
+  std::vector<int64_t> bytes = {*tok.token_to_id("<0xE4>"), *tok.token_to_id("<0xB8>"), *tok.token_to_id("<0xAD>")};
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(std::vector<int64_t>(ids.end() - 3, ids.end()), bytes);
+  EXPECT_EQ(tok.decode(ids), "\xE4\xB8\xAD");
+}
+
+TEST_F(TokenizerParity, ConcurrentEncodeEqualsSingleThreaded) {
+  const CaseSet& cases = set("gpt2");
+  if (cases.lines.empty()) return;
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  std::vector<std::string> texts;
+  for (const nlohmann::json& line : cases.lines) texts.push_back(line["text"]);
+  std::vector<std::vector<int64_t>> expected;
+  for (const std::string& text : texts) expected.push_back(tok.encode(text));
+
+  // A fresh tokenizer so the threads fill its word cache while they race.
+  Tokenizer shared = Tokenizer::load(cases.dir);
+  constexpr size_t kThreads = 8;
+  std::vector<size_t> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t k = 0; k < texts.size(); ++k) {
+        size_t i = (k * 7 + t * 1311) % texts.size();  // each thread walks the texts in its own order
+        if (shared.encode(texts[i]) != expected[i]) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (size_t t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0u) << "thread " << t;
+
+  BatchOptions options;
+  options.padding = Padding::kNone;
+  options.num_threads = 4;
+  BatchEncoding batch = shared.encode_batch(texts, options);
+  EXPECT_EQ(batch.input_ids, expected);
+}
+
+}  // namespace
+}  // namespace tokenizer
+}  // namespace dschat
