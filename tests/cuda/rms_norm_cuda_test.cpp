@@ -13,6 +13,12 @@ struct DtypeCase {
   double tolerance;
 };
 
+std::string case_name(const ::testing::TestParamInfo<std::tuple<DtypeCase, int64_t, int64_t>>& info) {
+  const DtypeCase& dc = std::get<0>(info.param);
+  return std::string(c10::toString(dc.dtype)) + "_" + std::to_string(std::get<1>(info.param)) + "x" +
+         std::to_string(std::get<2>(info.param));
+}
+
 class RmsNormCuda : public ::testing::TestWithParam<std::tuple<DtypeCase, int64_t, int64_t>> {
  protected:
   void SetUp() override {
@@ -49,7 +55,8 @@ INSTANTIATE_TEST_SUITE_P(
     CUDA, RmsNormCuda,
     ::testing::Combine(::testing::Values(DtypeCase{torch::kFloat32, 1e-5}, DtypeCase{torch::kFloat16, 1e-2},
                                          DtypeCase{torch::kBFloat16, 4e-2}),
-                       ::testing::Values(1, 19, 111), ::testing::Values(1, 111, 4096)));
+                       ::testing::Values(1, 19, 111), ::testing::Values(1, 111, 4096)),
+    case_name);
 
 }  // namespace
 }  // namespace dschat
