@@ -46,7 +46,9 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& file) 
   if (size == 0) return std::shared_ptr<MappedFile>(new MappedFile(file, nullptr, 0));
 
   // MAP_PRIVATE + PROT_WRITE: in-place updates of aliasing tensors are copy-on-write (see header).
-  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  // MAP_NORESERVE: a writable private mapping would otherwise be charged in full against the
+  // overcommit limit, and a checkpoint larger than RAM + swap could not be mapped at all.
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
   DSCHAT_CHECK(addr != MAP_FAILED, IoError, file.string(), ": cannot mmap ", size,
                " bytes: ", std::strerror(errno));
   return std::shared_ptr<MappedFile>(new MappedFile(file, static_cast<uint8_t*>(addr), size));

@@ -3,7 +3,9 @@
 // writes through it are copy-on-write, stay in this process and never reach the file, so tensors
 // that alias the mapping may be updated in place safely. Files written by dschat are replaced by
 // rename, never rewritten in place, so a live mapping keeps seeing the old contents; truncating a
-// mapped file from outside would still fault (SIGBUS) on access, as with any mmap.
+// mapped file from outside would still fault (SIGBUS) on access, as with any mmap. The mapping is
+// MAP_NORESERVE: pages are only charged once written, so a write after memory ran out faults
+// instead of failing the mmap up front.
 
 #include <cstddef>
 #include <cstdint>

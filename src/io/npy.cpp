@@ -179,10 +179,14 @@ torch::Tensor load_npy(const std::filesystem::path& file) {
   NpyHeader header =
       HeaderParser(where, std::string(reinterpret_cast<const char*>(p + prefix), header_len)).parse();
   const size_t itemsize = c10::elementSize(header.dtype);
+  // Strides are products of max(dim, 1): they must fit even when a zero makes the array empty.
   uint64_t numel = 1;
+  uint64_t span = 1;
   for (int64_t dim : header.shape) {
-    DSCHAT_CHECK(dim == 0 || numel <= (uint64_t{1} << 62) / itemsize / static_cast<uint64_t>(dim),
-                 FormatError, where, ": shape ", c10::IntArrayRef(header.shape), " is too large");
+    const uint64_t d = std::max<int64_t>(dim, 1);
+    DSCHAT_CHECK(span <= (uint64_t{1} << 62) / itemsize / d, FormatError, where, ": shape ",
+                 c10::IntArrayRef(header.shape), " is too large");
+    span *= d;
     numel *= static_cast<uint64_t>(dim);
   }
   const uint64_t nbytes = numel * itemsize;
@@ -224,9 +228,13 @@ void save_npy(const std::filesystem::path& file, const torch::Tensor& tensor) {
   const char order = code[1] == '1' ? '|' : '<';
   std::string header = std::string("{'descr': '") + order + code +
                        "', 'fortran_order': False, 'shape': " + shape + ", }";
-  // numpy pads with spaces and a final newline so that the data starts 64-byte aligned.
-  const size_t total = kMagicSize + 4 + header.size() + 1;
-  header.append((64 - total % 64) % 64, ' ');
+  // Padding exactly as numpy.save does, so that both write identical bytes: room for the first
+  // dimension to grow to 21 digits, then spaces and a newline up to a 64-byte boundary.
+  if (t.dim() > 0) {
+    const size_t digits = std::to_string(t.size(0)).size();
+    if (digits < 21) header.append(21 - digits, ' ');
+  }
+  header.append(64 - (kMagicSize + 4 + header.size() + 1) % 64, ' ');
   header += '\n';
   DSCHAT_CHECK(header.size() <= 0xffff, InvalidArgument, where, ": header of ", header.size(),
                " bytes is too long for .npy version 1.0");

@@ -9,6 +9,27 @@
 namespace dschat {
 namespace io {
 
+PickleValue::~PickleValue() {
+  std::vector<PickleValuePtr> pending;
+  move_children_to(pending);
+  while (!pending.empty()) {
+    PickleValuePtr child = std::move(pending.back());
+    pending.pop_back();
+    // The last owner empties the child before it dies, so no destructor recurses.
+    if (child && child.use_count() == 1) child->move_children_to(pending);
+  }
+}
+
+void PickleValue::move_children_to(std::vector<PickleValuePtr>& out) {
+  for (auto& item : items) out.push_back(std::move(item));
+  for (auto& entry : entries) {
+    out.push_back(std::move(entry.first));
+    out.push_back(std::move(entry.second));
+  }
+  items.clear();
+  entries.clear();
+}
+
 void PickleValue::set_item(PickleValuePtr key, PickleValuePtr value) {
   if (key->kind == Kind::String) {
     auto found = string_keys.find(key->text);

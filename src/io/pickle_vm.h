@@ -35,6 +35,12 @@ struct PickleValue {
   c10::Storage storage;               // Storage (untyped bytes)
   torch::ScalarType storage_dtype = torch::kByte;  // Storage: element type of a typed storage
 
+  PickleValue() = default;
+  /// Releases nested containers iteratively: a hostile pickle can nest millions of lists.
+  ~PickleValue();
+  PickleValue(const PickleValue&) = delete;
+  PickleValue& operator=(const PickleValue&) = delete;
+
   static PickleValuePtr make(Kind kind) {
     auto v = std::make_shared<PickleValue>();
     v->kind = kind;
@@ -42,6 +48,9 @@ struct PickleValue {
   }
   /// Inserts or replaces `key` (last write wins, as in Python).
   void set_item(PickleValuePtr key, PickleValuePtr value);
+
+ private:
+  void move_children_to(std::vector<PickleValuePtr>& out);
 };
 
 /// "a tuple of 3", "the string 'x'": for error messages.

@@ -1,6 +1,7 @@
 // load_safetensors / save_safetensors: see dschat/io/state_dict.h and io/safetensors_format.h.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dschat/core/error.h"
@@ -58,9 +59,8 @@ TensorMap load_safetensors(const std::filesystem::path& file, Metadata* metadata
 void save_safetensors(const std::filesystem::path& file, const TensorMap& tensors,
                       const Metadata& metadata) {
   const std::string where = file.string();
-  std::vector<SafetensorsEntry> entries;
-  std::vector<torch::Tensor> contiguous;
-  uint64_t offset = 0;
+  std::vector<SafetensorsEntry> entries;  // name order, as the header lists them
+  std::vector<const torch::Tensor*> sources;
   for (const auto& [name, tensor] : tensors) {
     DSCHAT_CHECK(name != "__metadata__", InvalidArgument, where,
                  ": '__metadata__' is reserved and cannot name a tensor");
@@ -70,16 +70,27 @@ void save_safetensors(const std::filesystem::path& file, const TensorMap& tensor
                  " which safetensors cannot store (supported: ", safetensors_supported_dtypes(), ")");
     DSCHAT_CHECK(tensor.layout() == torch::kStrided, InvalidArgument, where, ": tensor '", name,
                  "' is not a dense (strided) tensor");
-    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();  // [shape...]
     SafetensorsEntry entry;
     entry.name = name;
-    entry.dtype = t.scalar_type();
-    entry.shape = t.sizes().vec();
-    entry.begin = offset;
-    entry.end = offset + t.nbytes();
-    offset = entry.end;
+    entry.dtype = tensor.scalar_type();
+    entry.shape = tensor.sizes().vec();
+    entry.end = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();  // size for now
     entries.push_back(std::move(entry));
-    contiguous.push_back(std::move(t));
+    sources.push_back(&tensor);
+  }
+  // Data order: larger elements first (then by name), as the reference writer does. The data
+  // section starts 8-aligned, so every tensor starts aligned to its element size and loads
+  // zero-copy; the offsets stay contiguous.
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return c10::elementSize(entries[a].dtype) > c10::elementSize(entries[b].dtype);
+  });
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    entries[i].begin = offset;
+    entries[i].end += offset;
+    offset = entries[i].end;
   }
 
   std::string header;
@@ -95,7 +106,9 @@ void save_safetensors(const std::filesystem::path& file, const TensorMap& tensor
   AtomicFileWriter writer(file);
   writer.write(length, sizeof(length));
   writer.write(header.data(), header.size());
-  for (const auto& t : contiguous) {
+  for (size_t i : order) {
+    // One tensor at a time: a device-resident model is never copied to the host all at once.
+    torch::Tensor t = sources[i]->detach().to(torch::kCPU).contiguous();  // [shape...]
     if (t.nbytes() > 0) writer.write(t.data_ptr(), t.nbytes());
   }
   writer.commit();

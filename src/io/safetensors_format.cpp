@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -125,21 +126,24 @@ SafetensorsEntry parse_entry(const std::string& where, const std::string& name,
 
   const auto& shape = value["shape"];
   DSCHAT_CHECK(shape.is_array(), FormatError, at, ": 'shape' must be an array, got ", brief(shape));
-  // numel and numel * itemsize with overflow checks, as LibTorch checks them: an intermediate
-  // product over 2^63 is rejected even when a later zero dimension makes the tensor empty.
+  // Overflow checks as LibTorch needs them: the contiguous strides are products of max(dim, 1),
+  // so they must fit in int64 even when a zero dimension makes the tensor empty.
   const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   uint64_t numel = 1;
+  uint64_t span = 1;  // product of max(dim, 1) >= numel
   bool overflow = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     uint64_t dim = 0;
     DSCHAT_CHECK(as_index(shape[i], &dim), FormatError, at, ": shape[", i,
                  "] must be an integer in [0, 2^63), got ", brief(shape[i]));
     entry.shape.push_back(static_cast<int64_t>(dim));
-    if (dim != 0 && numel > limit / dim) overflow = true;
+    const uint64_t d = std::max<uint64_t>(dim, 1);
+    if (span > limit / d) overflow = true;
+    span *= d;
     numel *= dim;
   }
   const uint64_t itemsize = c10::elementSize(entry.dtype);
-  overflow = overflow || numel > limit / itemsize;
+  overflow = overflow || span > limit / itemsize;
   DSCHAT_CHECK(!overflow, FormatError, at, ": shape ", brief(shape),
                " has more elements than 64-bit byte counts can address");
   const uint64_t nbytes = numel * itemsize;
@@ -176,6 +180,10 @@ SafetensorsHeader parse_safetensors_header(const std::string& where, const uint8
   header.data_start = 8 + n;
   header.data_size = file_size - header.data_start;
   const char* text = reinterpret_cast<const char*>(bytes + 8);
+  // nlohmann stops at a NUL byte as if the input ended: bytes after one would go unchecked.
+  const void* nul = std::memchr(text, '\0', n);
+  DSCHAT_CHECK(nul == nullptr, FormatError, where, ": header has a NUL byte at offset ",
+               8 + (static_cast<const char*>(nul) - text), "; expected JSON text");
   nlohmann::json json = parse_json(where, text, text + n);
   DSCHAT_CHECK(json.is_object(), FormatError, where, ": header must be a JSON object, got ",
                brief(json));

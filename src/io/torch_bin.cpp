@@ -187,7 +187,15 @@ class TorchBinHooks : public PickleHooks {
                  ": tensor view (offset ", offset_value.integer, ", size ", c10::IntArrayRef(size),
                  ", stride ", c10::IntArrayRef(stride), ") reaches past its ", capacity,
                  "-element storage");
-    torch::Tensor t = torch::empty({0}, torch::TensorOptions().dtype(dtype));
+    if (dtype == torch::kBool && !empty) {
+      // Bytes other than 0/1 are undefined behaviour for bool kernels (checked as for safetensors).
+      const auto* bytes = static_cast<const uint8_t*>(storage.storage.data());
+      for (size_t i = 0; i < storage.storage.nbytes(); ++i) {
+        DSCHAT_CHECK(bytes[i] <= 1, FormatError, where_, ": bool storage byte ", i, " is ",
+                     int(bytes[i]), ", expected 0 or 1");
+      }
+    }
+    torch::Tensor t = torch::empty({0}, torch::TensorOptions().dtype(dtype));  // [0] until set_
     t.set_(storage.storage, offset_value.integer, size, stride);  // [size...] aliasing the storage
     auto v = PickleValue::make(Kind::Tensor);
     v->tensor = std::move(t);

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "model_flags.h"
 #include "dschat/core/error.h"
 #include "dschat/inference/model_loader.h"
 #include "dschat/io/npy.h"
@@ -19,10 +20,7 @@ struct ForwardOptions {
 };
 
 void run_forward(const ForwardOptions& o) {
-  inference::LoadOptions load;
-  load.dtype = inference::parse_dtype(o.dtype);
-  DSCHAT_CHECK(o.init.empty() || o.init == "random", InvalidArgument, "--init: expected 'random', got '", o.init, "'");
-  load.random_init = o.init == "random";
+  inference::LoadOptions load = load_options(o.dtype, o.init);
   torch::Tensor ids = io::load_npy(o.input_ids);  // [B, T]
   DSCHAT_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 2, InvalidArgument, "--input-ids ", o.input_ids,
                ": expected a 2-D int64 array, got ", ids.scalar_type(), " of shape ", ids.sizes());

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "model_flags.h"
 #include "dschat/core/error.h"
 #include "dschat/core/generation_config.h"
 #include "dschat/inference/generate_text.h"
@@ -29,10 +30,7 @@ void run_generate(GenerateOptions o) {
     o.generation = core::parse_generation_config(text.str(), o.config_file);
   }
   core::validate_generation_config(o.generation, "generate flags");
-  inference::LoadOptions load;
-  load.dtype = inference::parse_dtype(o.dtype);
-  DSCHAT_CHECK(o.init.empty() || o.init == "random", InvalidArgument, "--init: expected 'random', got '", o.init, "'");
-  load.random_init = o.init == "random";
+  inference::LoadOptions load = load_options(o.dtype, o.init);
   auto model = inference::load_causal_lm(o.model, load);
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   for (const auto& text : inference::generate_text(model, tokenizer, o.prompts, o.generation)) {

@@ -27,11 +27,15 @@ using Metadata = std::map<std::string, std::string>;
 
 /// Reads one safetensors file. Throws core::IoError / core::FormatError naming the file and,
 /// where it applies, the tensor: truncated file, bad header JSON, unknown dtype, offsets out of
-/// range or overlapping, shape/size mismatch.
+/// range or overlapping, shape/size mismatch. The whole header is validated before any tensor
+/// is created. The mapping is private copy-on-write: in-place updates of the returned tensors
+/// are safe and never reach the file.
 TensorMap load_safetensors(const std::filesystem::path& file, Metadata* metadata = nullptr);
 
 /// Writes one safetensors file atomically (temp file + rename): a crash leaves the old file or
-/// none, never half of one. Tensors must be on the CPU (others are copied to it).
+/// none, never half of one. Tensors must be on the CPU (others are copied to it, one at a time).
+/// The header lists tensors by name; the data is laid out largest element size first (as the
+/// reference writer does), so every tensor is aligned and loads zero-copy.
 void save_safetensors(const std::filesystem::path& file, const TensorMap& tensors,
                       const Metadata& metadata = {});
 
@@ -46,6 +50,9 @@ TensorMap load_state_dict(const std::filesystem::path& model_dir);
 /// Writes `tensors` into `model_dir` as model.safetensors, or as shards
 /// model-00001-of-0000N.safetensors + model.safetensors.index.json when the total exceeds
 /// `max_shard_bytes`. Tensors sharing storage (tied weights) must be de-duplicated by the caller.
+/// Every shard gets the metadata entry "format": "pt" (transformers requires it) unless
+/// `metadata` sets "format". Shard files and a model.safetensors left by an earlier save with
+/// a different layout are removed, so the directory always holds exactly one layout.
 void save_state_dict(const std::filesystem::path& model_dir, const TensorMap& tensors,
                      int64_t max_shard_bytes = int64_t{5} << 30, const Metadata& metadata = {});
 
