@@ -8,6 +8,8 @@ bash tools/setup.sh
 # ccache must ignore the PCH's timestamps to hit on a rebuild.
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Paths relative to the checkout, so a clone in another folder hits the same cache entries.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}"
 build="${DSCHAT_BUILD_DIR:-build}"
 if [ ! -f "$build/build.ninja" ] || [ "$#" -gt 0 ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
