@@ -34,7 +34,8 @@ torch::Tensor rotary_inverse_frequencies(const core::ModelConfig& config, int64_
 
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const core::ModelConfig& config, const torch::Tensor& positions,
                                                        torch::ScalarType dtype) {
-  int64_t longest = positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
+  // Only dynamic NTK needs the longest position, and reading it is a device sync: skip otherwise.
+  int64_t longest = config.rope_scaling.type == "dynamic" && positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
   torch::Tensor inv_freq = rotary_inverse_frequencies(config, longest).to(positions.device());  // [D/2]
   torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;                // [B, T, D/2]
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);                                          // [B, T, D]
