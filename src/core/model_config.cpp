@@ -10,9 +10,9 @@ namespace {
 // Keys transformers writes that do not change the computation; read and ignored.
 const std::vector<std::string> kIgnoredKeys = {
     "_name_or_path", "architectures", "transformers_version", "use_cache", "init_std",
-    "initializer_range", "layerdrop", "prefix", "output_projection", "_remove_final_layer_norm_dummy",
+    "initializer_range", "layerdrop", "prefix", "output_projection",
     "pretraining_tp", "model_name", "return_dict", "output_hidden_states", "output_attentions",
-    "torchscript", "dtype_note", "scale_embedding", "is_encoder_decoder", "decoder_start_token_id",
+    "torchscript", "scale_embedding", "is_encoder_decoder", "decoder_start_token_id",
     "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
     "use_bfloat16", "chunk_size_feed_forward", "tf_legacy_loss", "finetuning_task"};
 
