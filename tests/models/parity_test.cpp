@@ -47,6 +47,20 @@ class ModelParity : public ::testing::TestWithParam<std::string> {
  protected:
   std::string name() const { return GetParam(); }
   std::string model_dir() const { return (fixture(name())).string(); }
+
+  // Loads the model in `dtype` and compares its logits with transformers' `expected_file`.
+  void expect_half_precision_logits_close(torch::ScalarType dtype, const std::string& expected_file,
+                                          double tolerance) {
+    Batch batch = load_batch(name());
+    torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / expected_file);  // [B, T, V]
+    inference::LoadOptions options;
+    options.dtype = dtype;
+    auto model = inference::load_causal_lm(model_dir(), options);
+    torch::NoGradGuard no_grad;
+    torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V] in dtype
+    EXPECT_EQ(logits.scalar_type(), dtype);
+    EXPECT_LT(masked_max_diff(logits, expected, batch.mask), tolerance);
+  }
 };
 
 TEST_P(ModelParity, Fp32LogitsMatchTransformers) {
@@ -94,28 +108,12 @@ TEST_P(ModelParity, GradientsMatchTransformers) {
 }
 
 TEST_P(ModelParity, Bf16LogitsCloseToTransformersBf16) {
-  Batch batch = load_batch(name());
-  torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / "logits_bf16.npy");  // [B, T, V]
-  inference::LoadOptions options;
-  options.dtype = torch::kBFloat16;
-  auto model = inference::load_causal_lm(model_dir(), options);
-  torch::NoGradGuard no_grad;
-  torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V] bf16
-  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
-  EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 0.03);
+  expect_half_precision_logits_close(torch::kBFloat16, "logits_bf16.npy", 0.03);
 }
 
 TEST_P(ModelParity, Fp16LogitsCloseToTransformersFp32) {
   // fp16 keeps 11 mantissa bits: 1e-2 absolute on logits below 2 (measured: at most 0.003).
-  Batch batch = load_batch(name());
-  torch::Tensor expected = io::load_npy(fixture(name()) / "expected" / "logits.npy");  // [B, T, V]
-  inference::LoadOptions options;
-  options.dtype = torch::kFloat16;
-  auto model = inference::load_causal_lm(model_dir(), options);
-  torch::NoGradGuard no_grad;
-  torch::Tensor logits = model->forward(batch.ids, batch.mask);  // [B, T, V] fp16
-  EXPECT_EQ(logits.scalar_type(), torch::kFloat16);
-  EXPECT_LT(masked_max_diff(logits, expected, batch.mask), 1e-2);
+  expect_half_precision_logits_close(torch::kFloat16, "logits.npy", 1e-2);
 }
 
 TEST_P(ModelParity, IncrementalDecodingMatchesFullForward) {
