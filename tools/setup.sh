@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything dschat needs to build and test on a fresh Debian 12 machine.
 # Idempotent and quiet when already done: each step checks before it installs.
-#   Debian packages : compiler, cmake, ninja, ccache, json, spdlog, CLI11, GoogleTest, ICU
+#   Debian packages : compiler, cmake, ninja, ccache, json, spdlog, CLI11, GoogleTest, ICU, OpenSSL
 #   .venv/          : torch==2.11.0 (its LibTorch is what CMake links), plus the Python
 #                     packages used only by tests and tools (transformers, safetensors, numpy)
 set -euo pipefail
@@ -11,7 +11,7 @@ venv="${DSCHAT_VENV:-$root/.venv}"
 apt_packages=(
   g++ cmake ninja-build ccache git pkg-config python3 python3-venv python3-pip
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libicu-dev
+  libbenchmark-dev libicu-dev libssl-dev
 )
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -24,8 +24,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python pins: torch must match the GPU machine's (2.11.0+cu130); the rest are test oracles.
-pins=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3)
+# Python pins: torch must match the GPU machine's (2.11.0+cu130); pyarrow supplies the Arrow/Parquet
+# C++ libraries the build links; the rest are test oracles.
+pins=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3 pyarrow==26.0.1)
 stamp="$venv/.dschat-pins"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
   echo "setup: creating $venv with ${pins[*]}"

@@ -1,6 +1,7 @@
 #include "dschat/io/model_source.h"
 
 #include <fstream>
+#include <functional>
 #include <regex>
 
 #include "core/env.h"
@@ -15,35 +16,6 @@ namespace {
 
 bool has_config(const fs::path& dir) { return fs::is_regular_file(dir / "config.json"); }
 
-// models--org--name/snapshots/<hash>: the hash refs/main names, else the newest snapshot.
-std::optional<fs::path> cached_snapshot(const fs::path& root, const std::string& repo_id, std::vector<std::string>* searched) {
-  std::string folder = "models--" + std::regex_replace(repo_id, std::regex("/"), "--");
-  fs::path repo = root / folder;
-  std::error_code ec;
-  std::ifstream ref(repo / "refs" / "main");
-  std::string hash;
-  if (ref && std::getline(ref, hash) && !hash.empty()) {
-    fs::path snapshot = repo / "snapshots" / hash;
-    searched->push_back(snapshot.string());
-    if (has_config(snapshot)) return snapshot;
-  }
-  fs::path snapshots = repo / "snapshots";
-  searched->push_back(snapshots.string() + "/*");
-  std::optional<fs::path> newest;
-  fs::file_time_type newest_time;
-  if (fs::is_directory(snapshots, ec)) {
-    for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
-      if (!has_config(entry.path())) continue;
-      auto time = fs::last_write_time(entry.path(), ec);
-      if (!newest || time > newest_time) {
-        newest = entry.path();
-        newest_time = time;
-      }
-    }
-  }
-  return newest;
-}
-
 }  // namespace
 
 std::vector<fs::path> hf_cache_roots() {
@@ -53,6 +25,40 @@ std::vector<fs::path> hf_cache_roots() {
   if (auto xdg = core::read_string_from_env("XDG_CACHE_HOME")) roots.push_back(fs::path(*xdg) / "huggingface" / "hub");
   if (auto user = core::read_string_from_env("HOME")) roots.push_back(fs::path(*user) / ".cache" / "huggingface" / "hub");
   return roots;
+}
+
+// <kind>--org--name/snapshots/<hash>: the hash refs/main names, else the newest accepted snapshot.
+std::optional<fs::path> find_cached_snapshot(const std::string& kind, const std::string& repo_id,
+                                             const std::function<bool(const fs::path&)>& accept,
+                                             std::vector<std::string>* searched) {
+  const std::string folder = kind + "--" + std::regex_replace(repo_id, std::regex("/"), "--");
+  for (const auto& root : hf_cache_roots()) {
+    fs::path repo = root / folder;
+    std::error_code ec;
+    std::ifstream ref(repo / "refs" / "main");
+    std::string hash;
+    if (ref && std::getline(ref, hash) && !hash.empty()) {
+      fs::path snapshot = repo / "snapshots" / hash;
+      searched->push_back(snapshot.string());
+      if (accept(snapshot)) return snapshot;
+    }
+    fs::path snapshots = repo / "snapshots";
+    searched->push_back(snapshots.string() + "/*");
+    std::optional<fs::path> newest;
+    fs::file_time_type newest_time;
+    if (fs::is_directory(snapshots, ec)) {
+      for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
+        if (!accept(entry.path())) continue;
+        auto time = fs::last_write_time(entry.path(), ec);
+        if (!newest || time > newest_time) {
+          newest = entry.path();
+          newest_time = time;
+        }
+      }
+    }
+    if (newest) return newest;
+  }
+  return std::nullopt;
 }
 
 std::string expand_short_model_name(const std::string& name) {
@@ -77,9 +83,7 @@ fs::path resolve_model_dir(const std::string& name_or_path) {
                " has no config.json (a Hugging Face model directory needs one)");
   for (const std::string& repo_id : {name_or_path, expand_short_model_name(name_or_path)}) {
     if (repo_id.find('/') == std::string::npos) continue;
-    for (const auto& root : hf_cache_roots()) {
-      if (auto snapshot = cached_snapshot(root, repo_id, &searched)) return *snapshot;
-    }
+    if (auto snapshot = find_cached_snapshot("models", repo_id, has_config, &searched)) return *snapshot;
   }
   DSCHAT_THROW(NotFound, "model '", name_or_path, "' not found (nothing is downloaded; searched: ",
                core::join(searched), ")");

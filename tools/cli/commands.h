@@ -11,6 +11,7 @@ void add_info_command(CLI::App& app);
 void add_forward_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_make_demo_data_command(CLI::App& app);
 
 }  // namespace cli
 }  // namespace dschat

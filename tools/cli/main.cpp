@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   dschat::cli::add_forward_command(app);
   dschat::cli::add_generate_command(app);
   dschat::cli::add_tokenize_command(app);
+  dschat::cli::add_make_demo_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,8 @@
 // Nothing is downloaded: a model that is not on disk is an error listing every path searched.
 
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,13 @@ std::string expand_short_model_name(const std::string& name);
 
 /// The hub cache roots consulted, in order (existing or not).
 std::vector<std::filesystem::path> hf_cache_roots();
+
+/// The snapshot of `repo_id` in the hub cache: <root>/<kind>--org--name/snapshots/<hash>, kind
+/// "models" or "datasets"; the hash refs/main names if `accept` takes it, else the newest accepted
+/// snapshot; roots in hf_cache_roots() order. Every path looked at is appended to `searched`.
+std::optional<std::filesystem::path> find_cached_snapshot(const std::string& kind, const std::string& repo_id,
+                                                          const std::function<bool(const std::filesystem::path&)>& accept,
+                                                          std::vector<std::string>* searched);
 
 }  // namespace io
 }  // namespace dschat

@@ -1,0 +1,57 @@
+#pragma once
+// Per-step batches from tokenised items, as DeepSpeed-Chat's collators build them.
+//   SFT     input_ids/attention_mask/labels, right padded; labels = ids where counted, -100 else.
+//   Reward  all chosen rows, then all rejected rows ([2B, T]), right padded (DataCollatorReward).
+//   Prompts left padded to exactly max_prompt_seq_len (DataCollatorRLHF's reverse-pad-flip).
+//   Unsupervised blocks (mixture training): SFT batches whose labels are the ids.
+//
+// DeepSpeed-Chat pads SFT and reward rows to max_seq_len; by default we pad to the longest row of
+// the batch, which gives the same loss (padding is masked and attention is causal) and less
+// work. Set pad_to to max_seq_len for DeepSpeed-Chat's exact shapes.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dschat/data/tokenized_dataset.h"
+
+namespace dschat {
+namespace data {
+
+/// Which SFT tokens the loss counts. DeepSpeed-Chat counts the prompt and the answer (and the
+/// appended end-of-conversation token): kPromptAndAnswer. kAnswerOnly masks the prompt tokens.
+enum class SftLossTokens { kPromptAndAnswer, kAnswerOnly };
+
+struct SftBatch {
+  torch::Tensor input_ids;       // [B, T] int64
+  torch::Tensor attention_mask;  // [B, T] int64: 1 for tokens, 0 for padding
+  torch::Tensor labels;          // [B, T] int64: ids where counted, -100 elsewhere
+};
+
+struct RewardBatch {
+  torch::Tensor input_ids;       // [2B, T] int64: rows 0..B-1 chosen, B..2B-1 rejected
+  torch::Tensor attention_mask;  // [2B, T] int64
+};
+
+struct PromptBatch {
+  torch::Tensor input_ids;       // [B, P] int64, P = max_prompt_seq_len, left padded
+  torch::Tensor attention_mask;  // [B, P] int64
+};
+
+struct PadOptions {
+  int64_t pad_token_id = 0;
+  /// Pad every row to this length (DeepSpeed-Chat: max_seq_len); nullopt: the batch's longest.
+  std::optional<int64_t> pad_to;
+};
+
+/// Throws core::InvalidArgument for an empty batch, a wrong dataset kind or rows longer than pad_to.
+SftBatch collate_sft(const TokenizedDataset& dataset, const std::vector<int64_t>& items, const PadOptions& pad,
+                     SftLossTokens loss_tokens = SftLossTokens::kPromptAndAnswer);
+RewardBatch collate_reward(const TokenizedDataset& dataset, const std::vector<int64_t>& items, const PadOptions& pad);
+PromptBatch collate_prompts(const TokenizedDataset& dataset, const std::vector<int64_t>& items, int64_t pad_token_id,
+                            int64_t max_prompt_seq_len);
+
+}  // namespace data
+}  // namespace dschat
