@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "dschat/core/error.h"
+
 namespace dschat {
 namespace nn {
 
@@ -21,11 +23,72 @@ void LinearImpl::reset_parameters() {
   }
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);  // [..., out]
+  if (!has_lora() || lora_fused()) return y;
+  // Same operation order as LinearLayer_LoRA.forward, so results match it to rounding.
+  const double p = lora_options_->lora_dropout();
+  torch::Tensor adapter_input = p > 0.0 ? torch::dropout(x, p, is_training()) : x;  // [..., in]
+  return y + torch::matmul(torch::matmul(adapter_input, lora_right_weight), lora_left_weight) * lora_scale_;
+}
+
+void LinearImpl::enable_lora(const LinearLoraOptions& lora_options) {
+  DSCHAT_CHECK(!has_lora(), InvalidArgument, "Linear(in=", options.in_features(), ", out=", options.out_features(),
+               "): LoRA adapters are already attached");
+  DSCHAT_CHECK(lora_options.lora_dim() >= 1, InvalidArgument, "lora_dim must be >= 1, got ", lora_options.lora_dim());
+  DSCHAT_CHECK(lora_options.lora_dropout() >= 0.0 && lora_options.lora_dropout() < 1.0, InvalidArgument,
+               "lora_dropout must be in [0, 1), got ", lora_options.lora_dropout());
+  auto like_weight = weight.options().requires_grad(false);
+  const int64_t r = lora_options.lora_dim();
+  lora_right_weight = register_parameter("lora_right_weight", torch::empty({options.in_features(), r}, like_weight));
+  lora_left_weight = register_parameter("lora_left_weight", torch::empty({r, options.out_features()}, like_weight));
+  lora_options_ = lora_options;
+  lora_scale_ = lora_options.lora_scaling() / static_cast<double>(r);
+  // DeepSpeed-Chat trains only the adapter (and the bias) of a converted layer.
+  weight.set_requires_grad(false);
+  reset_lora_parameters();
+}
+
+void LinearImpl::reset_lora_parameters() {
+  DSCHAT_CHECK(has_lora(), InvalidArgument, "reset_lora_parameters: this Linear has no LoRA adapters");
+  torch::NoGradGuard no_grad;
+  // torch's fan_in of a [in, r] tensor is its dim 1 = r, hence the bounds +-1/sqrt(r).
+  torch::nn::init::kaiming_uniform_(lora_right_weight, std::sqrt(5.0));
+  lora_left_weight.zero_();
+}
+
+const LinearLoraOptions& LinearImpl::lora_options() const {
+  DSCHAT_CHECK(has_lora(), InvalidArgument, "lora_options: this Linear has no LoRA adapters");
+  return *lora_options_;
+}
+
+void LinearImpl::fuse_lora(const torch::Device& backup_device) {
+  DSCHAT_CHECK(has_lora(), InvalidArgument, "fuse_lora: this Linear has no LoRA adapters");
+  DSCHAT_CHECK(!lora_fused(), InvalidArgument, "fuse_lora: LoRA is already fused into this Linear's weight");
+  torch::NoGradGuard no_grad;
+  // clone() when the backup stays on the weight's device: to() would return W itself.
+  weight_before_fuse_ = backup_device == weight.device() ? weight.clone() : weight.to(backup_device);  // [out, in]
+  // LinearLayer_LoRA.fuse_lora_weight: W += scaling * left^T right^T.
+  torch::Tensor delta = torch::matmul(lora_left_weight.t(), lora_right_weight.t()) * lora_scale_;  // [out, in]
+  weight.add_(delta);
+}
+
+void LinearImpl::unfuse_lora() {
+  DSCHAT_CHECK(lora_fused(), InvalidArgument, "unfuse_lora: LoRA is not fused into this Linear's weight");
+  torch::NoGradGuard no_grad;
+  // copy_ keeps W's storage, so optimizers and views that hold W still see the restored values.
+  weight.copy_(weight_before_fuse_);
+  weight_before_fuse_ = torch::Tensor();
+}
 
 void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "dschat::nn::Linear(in=" << options.in_features() << ", out=" << options.out_features()
-         << ", bias=" << (options.bias() ? "true" : "false") << ")";
+         << ", bias=" << (options.bias() ? "true" : "false");
+  if (has_lora()) {
+    stream << ", lora_dim=" << lora_options_->lora_dim() << ", lora_scaling=" << lora_options_->lora_scaling()
+           << ", lora_dropout=" << lora_options_->lora_dropout() << (lora_fused() ? ", fused" : "");
+  }
+  stream << ")";
 }
 
 }  // namespace nn
