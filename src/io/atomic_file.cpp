@@ -1,6 +1,8 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,6 +76,22 @@ void write_file_atomically(const std::filesystem::path& file, const std::string&
   AtomicFileWriter writer(file);
   writer.write(contents.data(), contents.size());
   writer.commit();
+}
+
+}  // namespace io
+}  // namespace dschat
+
+namespace dschat {
+namespace io {
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) == 0 ? 0 : errno; }
+}  // namespace
+
+void remove_directory_tree(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) return;
+  const int err = ::nftw(dir.c_str(), remove_entry, 32, FTW_DEPTH | FTW_PHYS);
+  DSCHAT_CHECK(err == 0, IoError, dir.string(), ": cannot remove (", std::strerror(err > 0 ? err : errno), ")");
 }
 
 }  // namespace io

@@ -40,3 +40,14 @@ void write_file_atomically(const std::filesystem::path& file, const std::string&
 
 }  // namespace io
 }  // namespace dschat
+
+namespace dschat {
+namespace io {
+
+/// Deletes a directory tree (nftw, depth first). std::filesystem::remove_all is avoided because
+/// libtorch.so exports its own copy of it, which crashes when it wins symbol resolution. Missing
+/// paths are fine. Throws core::IoError naming the first path it cannot remove.
+void remove_directory_tree(const std::filesystem::path& dir);
+
+}  // namespace io
+}  // namespace dschat
