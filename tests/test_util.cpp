@@ -3,6 +3,7 @@
 #include <ftw.h>
 
 #include <array>
+#include <fstream>
 #include <cstdio>
 #include <random>
 
@@ -42,6 +43,17 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
   if (a.numel() == 0) return 0.0;
   return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64)).abs().max().item<double>();
+}
+
+nlohmann::json run_python_json(const std::string& script) {
+  TempDir tmp;
+  std::ofstream(tmp / "oracle.py") << script;
+  std::string out;
+  const int status =
+      run_command(std::string(DSCHAT_PYTHON) + " " + (tmp / "oracle.py").string() + " " + (tmp / "out.json").string(), &out);
+  EXPECT_EQ(status, 0) << out;
+  if (status != 0) return nlohmann::json::array();
+  return nlohmann::json::parse(std::ifstream(tmp / "out.json"));
 }
 
 }  // namespace testing

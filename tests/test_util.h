@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "dschat/core/error.h"
 #include <string>
@@ -30,6 +31,11 @@ class TempDir {
 
 /// Runs a shell command, returns its exit status; stdout+stderr captured into `output`.
 int run_command(const std::string& command, std::string* output = nullptr);
+
+/// Runs `script` with the project venv's Python (DSCHAT_PYTHON), passing the path of a JSON file
+/// the script must write, and returns that JSON. A failing script fails the calling test (its
+/// output is reported) and yields an empty array.
+nlohmann::json run_python_json(const std::string& script);
 
 /// max |a - b| over all elements (both converted to float64 on CPU).
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);

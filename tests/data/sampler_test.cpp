@@ -17,19 +17,6 @@ namespace {
 using data::DistributedSampler;
 using Indices = std::vector<int64_t>;
 
-// Runs `script` with the venv's Python, passing the path of a JSON file it must write; returns it.
-nlohmann::json run_python(const std::string& script) {
-  testing::TempDir tmp;
-  std::ofstream(tmp / "make.py") << script;
-  std::string out;
-  int status = testing::run_command(std::string(DSCHAT_PYTHON) + " " + (tmp / "make.py").string() + " " +
-                                        (tmp / "out.json").string(),
-                                    &out);
-  EXPECT_EQ(status, 0) << out;
-  if (status != 0) return nlohmann::json::array();
-  return nlohmann::json::parse(std::ifstream(tmp / "out.json"));
-}
-
 TEST(DistributedSampler, MatchesPyTorchOverTheGrid) {
   const std::string script = R"PY(
 import json, sys
@@ -55,7 +42,7 @@ add(37, 3, 1, True, False, 5, 18446744073709551610)
 add(37, 3, 2, True, True, 0, 9223372036854775809)
 json.dump(cases, open(sys.argv[1], "w"))
 )PY";
-  nlohmann::json cases = run_python(script);
+  nlohmann::json cases = testing::run_python_json(script);
   ASSERT_EQ(cases.size(), 6u * (1 + 2 + 3 + 8) * 2 * 2 * 3 * 2 + 2);
   int64_t shuffled_nonempty = 0;
   for (const auto& c : cases) {

@@ -24,7 +24,6 @@ TEST(DataSplit, BadSplitsAreNamed) {
 }
 
 TEST(DataSplit, MatchesNumpyRandomStateAndDeepSpeedChatArithmetic) {
-  testing::TempDir tmp;
   const std::string script = R"PY(
 import json, sys
 import numpy as np
@@ -43,14 +42,7 @@ for seed, size, split in [(1234, 1000, "2,4,4"), (42, 5103, "2,4,4"), (0, 1, "10
     cases.append({"seed": seed, "size": size, "split": split, "perm": perm.tolist(), "bounds": idx})
 json.dump(cases, open(sys.argv[1], "w"))
 )PY";
-  std::ofstream(tmp / "make.py") << script;
-  std::string out;
-  ASSERT_EQ(testing::run_command(std::string(DSCHAT_PYTHON) + " " + (tmp / "make.py").string() + " " +
-                                     (tmp / "cases.json").string(),
-                                 &out),
-            0)
-      << out;
-  nlohmann::json cases = nlohmann::json::parse(std::ifstream(tmp / "cases.json"));
+  nlohmann::json cases = testing::run_python_json(script);
   ASSERT_EQ(cases.size(), 7u);
   for (const auto& c : cases) {
     auto seed = c["seed"].get<uint32_t>();

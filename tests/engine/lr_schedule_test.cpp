@@ -30,7 +30,6 @@ LrScheduleOptions options_for(const std::string& type, int64_t warmup, int64_t t
 }
 
 TEST(LrSchedule, MatchesTransformersGetSchedulerAtEveryStep) {
-  testing::TempDir tmp;
   const std::string script = R"PY(
 import json, sys, warnings
 warnings.filterwarnings("ignore")
@@ -60,14 +59,7 @@ for name, warmup, total, kwargs in runs:
     cases.append(case)
 json.dump(cases, open(sys.argv[1], "w"))
 )PY";
-  std::ofstream(tmp / "make.py") << script;
-  std::string out;
-  ASSERT_EQ(testing::run_command(std::string(DSCHAT_PYTHON) + " " + (tmp / "make.py").string() + " " +
-                                     (tmp / "cases.json").string(),
-                                 &out),
-            0)
-      << out;
-  nlohmann::json cases = nlohmann::json::parse(std::ifstream(tmp / "cases.json"));
+  nlohmann::json cases = testing::run_python_json(script);
   ASSERT_EQ(cases.size(), 6u * 9u + 4u);
   int compared_steps = 0;
   int python_errors = 0;

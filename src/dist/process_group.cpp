@@ -1,0 +1,287 @@
+#include "dschat/dist/process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <functional>
+#include <sstream>
+#include <vector>
+
+#include "dschat/core/error.h"
+
+// The wheel ships ProcessGroupGloo.hpp but not the gloo headers it includes; Debian's libgloo-dev
+// supplies them. Only declarations are taken from there (the ProcessGroupGloo code, and the gloo
+// it runs, is libtorch_cpu's own), and every gloo type in the class layout sits behind a pointer.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define DSCHAT_DIST_HAS_GLOO 1
+#endif
+#if defined(DSCHAT_WITH_CUDA) && defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define DSCHAT_DIST_HAS_NCCL 1
+#endif
+
+namespace dschat {
+namespace dist {
+namespace {
+
+using Milliseconds = std::chrono::milliseconds;
+
+// c10 errors carry a C++ backtrace in what(); the first line of the short form says what failed.
+std::string describe(const std::exception& error) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+  std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : error.what();
+  return text.substr(0, text.find('\n'));
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, Milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = env.rank == 0;
+  // Every rank (server included) counts itself in; the server's constructor returns once all
+  // world_size ranks have, so a missing rank surfaces here as a timeout, not later as a hang.
+  options.numWorkers = static_cast<size_t>(env.world_size);
+  options.waitWorkers = true;
+  options.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    DSCHAT_THROW(Error, "dist: rendezvous at ", env.master_addr, ":", env.master_port, " failed for rank ", env.rank,
+                 " of ", env.world_size, " within ", timeout.count(),
+                 " ms (rank 0 serves the store there: check that every rank has the same MASTER_ADDR/"
+                 "MASTER_PORT, that the port is free on rank 0, and that all ranks were started): ",
+                 describe(e));
+  }
+}
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                                            Milliseconds timeout) {
+#ifdef DSCHAT_DIST_HAS_GLOO
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (!env.socket_ifname.empty()) {
+    // torch.distributed reads GLOO_SOCKET_IFNAME as a comma list: one device per interface.
+    std::stringstream names(env.socket_ifname);
+    for (std::string name; std::getline(names, name, ',');) {
+      if (!name.empty()) options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+    }
+  } else if (is_loopback(env.master_addr)) {
+    // A job that rendezvouses on loopback is on one host: bind there too, so it does not depend on
+    // the hostname resolving (containers, sandboxes).
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  // The constructor connects the full mesh of ranks, with `timeout` on every connect and read.
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                                     static_cast<int>(env.rank), static_cast<int>(env.world_size),
+                                                     options);
+#else
+  (void)store, (void)env, (void)timeout;
+  DSCHAT_THROW(Unsupported, "dist: this build has no Gloo backend: the gloo headers that LibTorch's "
+               "ProcessGroupGloo.hpp includes were not found at build time (install libgloo-dev and rebuild)");
+#endif
+}
+
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                                            Milliseconds timeout) {
+#ifdef DSCHAT_DIST_HAS_NCCL
+  // NCCL communicators are created lazily on the device of the first CUDA tensor; the caller picks
+  // that device (the engine sets LOCAL_RANK's). NCCL's own watchdog enforces `timeout`.
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
+                                                     static_cast<int>(env.rank), static_cast<int>(env.world_size),
+                                                     options);
+#else
+  (void)store, (void)env, (void)timeout;
+  DSCHAT_THROW(Unsupported, "dist: Backend::Nccl needs a dschat build with CUDA (DSCHAT_WITH_CUDA)");
+#endif
+}
+
+void check_dense(const at::Tensor& tensor, const char* op, const char* name) {
+  DSCHAT_CHECK(tensor.defined(), InvalidArgument, "dist::", op, ": ", name, " is undefined");
+  DSCHAT_CHECK(tensor.layout() == at::kStrided && tensor.is_contiguous(), InvalidArgument, "dist::", op, ": ",
+               name, " must be a contiguous dense tensor, got sizes ", tensor.sizes(), " strides ",
+               tensor.strides());
+  DSCHAT_CHECK(tensor.is_cpu() || tensor.is_cuda(), InvalidArgument, "dist::", op, ": ", name, " is on ",
+               tensor.device(), "; only CPU and CUDA tensors are supported");
+}
+
+void check_pair(const at::Tensor& output, const at::Tensor& input, const char* op) {
+  check_dense(output, op, "output");
+  check_dense(input, op, "input");
+  DSCHAT_CHECK(output.scalar_type() == input.scalar_type() && output.device() == input.device(),
+               InvalidArgument, "dist::", op, ": output (", output.scalar_type(), " on ", output.device(),
+               ") and input (", input.scalar_type(), " on ", input.device(), ") differ in dtype or device");
+}
+
+}  // namespace
+
+struct Communicator::Impl {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  Backend backend = Backend::Gloo;
+  Milliseconds timeout{0};
+  c10::intrusive_ptr<c10d::Store> store;         // null in a world of one
+  c10::intrusive_ptr<c10d::Backend> cpu_group;   // Gloo
+  c10::intrusive_ptr<c10d::Backend> cuda_group;  // NCCL, only with Backend::Nccl
+  std::string failed_operation;                  // set once a collective failed
+
+  c10d::Backend& group_for(const at::Tensor& tensor, const char* op) {
+    if (tensor.is_cuda()) {
+      DSCHAT_CHECK(cuda_group, InvalidArgument, "dist::", op,
+                   ": got a CUDA tensor, but this communicator was created without Backend::Nccl");
+      return *cuda_group;
+    }
+    return *cpu_group;
+  }
+
+  // Runs one collective to completion. Peers fail in two ways, both bounded by `timeout`: a dead
+  // one closes its sockets (Gloo reports it at once), a stuck one stops answering (Gloo's
+  // per-operation timeout). Either way the ranks no longer agree on the collective sequence, so the
+  // communicator refuses further calls instead of mismatching them.
+  void run(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+    DSCHAT_CHECK(failed_operation.empty(), Error, "dist::", op, ": this communicator is unusable since ",
+                 failed_operation, " failed on rank ", rank);
+    try {
+      start()->wait();
+    } catch (const std::exception& e) {
+      failed_operation = op;
+      DSCHAT_THROW(Error, "dist::", op, " failed on rank ", rank, " of ", world_size,
+                   ": a peer rank is gone or did not answer within the ", timeout.count(), " ms timeout (",
+                   describe(e), ")");
+    }
+  }
+};
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+Communicator::~Communicator() = default;
+
+Communicator Communicator::create(const LaunchEnv& env, Backend backend, Milliseconds timeout) {
+  DSCHAT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, InvalidArgument,
+               "dist: rank ", env.rank, " is out of range for world size ", env.world_size);
+  DSCHAT_CHECK(timeout.count() > 0, InvalidArgument, "dist: timeout must be positive, got ", timeout.count(),
+               " ms");
+#ifndef DSCHAT_DIST_HAS_NCCL
+  DSCHAT_CHECK(backend != Backend::Nccl, Unsupported,
+               "dist: Backend::Nccl needs a dschat build with CUDA (DSCHAT_WITH_CUDA)");
+#endif
+  auto impl = std::make_unique<Impl>();
+  impl->rank = env.rank;
+  impl->world_size = env.world_size;
+  impl->backend = backend;
+  impl->timeout = timeout;
+  if (env.world_size > 1) {
+    impl->store = connect_store(env, timeout);
+    try {
+      impl->cpu_group = make_gloo(impl->store, env, timeout);
+      if (backend == Backend::Nccl) impl->cuda_group = make_nccl(impl->store, env, timeout);
+    } catch (const core::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      DSCHAT_THROW(Error, "dist: connecting rank ", env.rank, " of ", env.world_size,
+                   " to its peers failed within ", timeout.count(), " ms: ", describe(e));
+    }
+  }
+  return Communicator(std::move(impl));
+}
+
+int64_t Communicator::rank() const { return impl_->rank; }
+int64_t Communicator::world_size() const { return impl_->world_size; }
+Backend Communicator::backend() const { return impl_->backend; }
+Milliseconds Communicator::timeout() const { return impl_->timeout; }
+
+void Communicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  check_dense(tensor, "all_reduce", "tensor");
+  DSCHAT_CHECK(op != ReduceOp::Avg || at::isFloatingType(tensor.scalar_type()), InvalidArgument,
+               "dist::all_reduce: Avg needs a floating-point tensor, got ", tensor.scalar_type());
+  if (impl_->world_size == 1 || tensor.numel() == 0) return;
+  c10d::AllreduceOptions options;
+  // Gloo has no AVG (NCCL-only in c10d): sum, then divide here, the same on both backends.
+  options.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  c10d::Backend& group = impl_->group_for(tensor, "all_reduce");
+  impl_->run("all_reduce", [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return group.allreduce(tensors, options);
+  });
+  if (op == ReduceOp::Avg) tensor.div_(impl_->world_size);
+}
+
+void Communicator::broadcast(at::Tensor& tensor, int64_t src) {
+  check_dense(tensor, "broadcast", "tensor");
+  DSCHAT_CHECK(src >= 0 && src < impl_->world_size, InvalidArgument, "dist::broadcast: src rank ", src,
+               " is out of range for world size ", impl_->world_size);
+  if (impl_->world_size == 1 || tensor.numel() == 0) return;
+  c10d::BroadcastOptions options;
+  options.rootRank = src;
+  c10d::Backend& group = impl_->group_for(tensor, "broadcast");
+  impl_->run("broadcast", [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return group.broadcast(tensors, options);
+  });
+}
+
+void Communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  check_pair(output, input, "all_gather_into");
+  const int64_t n = input.numel();
+  DSCHAT_CHECK(output.numel() == impl_->world_size * n, InvalidArgument, "dist::all_gather_into: output has ",
+               output.numel(), " elements, expected world_size * input.numel() = ", impl_->world_size, " * ", n);
+  at::Tensor flat_output = output.view({-1});  // [world * n]
+  at::Tensor flat_input = input.view({-1});    // [n]
+  if (impl_->world_size == 1) {
+    flat_output.copy_(flat_input);
+    return;
+  }
+  if (n == 0) return;
+  c10d::Backend& group = impl_->group_for(input, "all_gather_into");
+  impl_->run("all_gather_into", [&] { return group._allgather_base(flat_output, flat_input); });
+}
+
+void Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
+  check_pair(output, input, "reduce_scatter");
+  const int64_t n = output.numel();
+  const int64_t world = impl_->world_size;
+  DSCHAT_CHECK(input.numel() == world * n, InvalidArgument, "dist::reduce_scatter: input has ", input.numel(),
+               " elements, expected world_size * output.numel() = ", world, " * ", n);
+  at::Tensor flat_output = output.view({-1});  // [n]
+  at::Tensor flat_input = input.view({-1});    // [world * n]
+  if (world == 1) {
+    flat_output.copy_(flat_input);
+    return;
+  }
+  if (n == 0) return;
+  c10d::Backend& group = impl_->group_for(input, "reduce_scatter");
+  if (input.is_cuda()) {  // NCCL reduce-scatters natively
+    impl_->run("reduce_scatter", [&] { return group._reduce_scatter_base(flat_output, flat_input); });
+    return;
+  }
+  // Gloo's own reduce_scatter all-reduces the whole [world * n] input and keeps one slice: each rank
+  // moves ~2 (world - 1) n elements. An all-to-all delivers to every rank just the world chunks
+  // of its own slice, (world - 1) n elements in and out as in a ring reduce-scatter, and the sum is
+  // then taken locally in rank order, so it is deterministic.
+  at::Tensor chunks_for_me = at::empty({world, n}, input.options());  // [world, n]: row r from rank r
+  at::Tensor flat_chunks = chunks_for_me.view({-1});
+  std::vector<int64_t> equal_splits;  // empty = world equal parts
+  impl_->run("reduce_scatter", [&] {
+    return group.alltoall_base(flat_chunks, flat_input, equal_splits, equal_splits);
+  });
+  at::sum_out(flat_output, chunks_for_me, {0}, /*keepdim=*/false, input.scalar_type());
+}
+
+void Communicator::barrier() {
+  if (impl_->world_size == 1) return;
+  c10d::Backend& group = *impl_->cpu_group;  // a host-side barrier also orders NCCL ranks' hosts
+  impl_->run("barrier", [&] { return group.barrier(); });
+}
+
+}  // namespace dist
+}  // namespace dschat

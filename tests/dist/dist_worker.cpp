@@ -1,0 +1,162 @@
+// One rank of the multi-process dist tests (tests/dist/process_group_test.cpp starts world_size of
+// these). Joins the job from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT like any dschat program, runs
+// one scenario, prints "PASS <check>" or "FAIL <check>: ..." per check on stdout and exits 0 when
+// every check passed; a dschat error goes to stderr with exit status 1.
+//
+// usage: dschat_dist_worker <scenario> <timeout_ms>
+//   collectives  every collective on rank-dependent inputs, compared with closed forms
+//   peer_exits   rank 1 kills itself after joining; rank 0 then all_reduces (must throw)
+//   peer_hangs   rank 1 sleeps after joining; rank 0 then all_reduces (must time out)
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "dschat/core/error.h"
+#include "dschat/dist/launch_env.h"
+#include "dschat/dist/process_group.h"
+
+namespace {
+
+using dschat::dist::Communicator;
+using dschat::dist::ReduceOp;
+
+int failures = 0;
+
+void expect_equal(const std::string& check, const at::Tensor& got, const at::Tensor& expected) {
+  if (got.scalar_type() == expected.scalar_type() && got.sizes() == expected.sizes() && at::equal(got, expected)) {
+    std::cout << "PASS " << check << "\n";
+  } else {
+    ++failures;
+    std::cout << "FAIL " << check << ": got " << got << " expected " << expected << "\n";
+  }
+}
+
+int64_t now_ns() {
+  // steady_clock is CLOCK_MONOTONIC on Linux: one clock for every process on the host.
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void run_collectives(Communicator& comm) {
+  const int64_t w = comm.world_size();
+  const int64_t r = comm.rank();
+  const int64_t rank_sum = w * (w - 1) / 2;
+
+  at::Tensor sum_f = at::arange(7, at::kFloat) + r;  // [7]
+  comm.all_reduce(sum_f, ReduceOp::Sum);
+  expect_equal("all_reduce_sum_float", sum_f, at::arange(7, at::kFloat) * w + rank_sum);
+
+  at::Tensor sum_i = at::full({5}, r + 1, at::kLong);  // [5]
+  comm.all_reduce(sum_i, ReduceOp::Sum);
+  expect_equal("all_reduce_sum_int64", sum_i, at::full({5}, w * (w + 1) / 2, at::kLong));
+
+  at::Tensor max_t = at::tensor({static_cast<float>(r), static_cast<float>(-r), 3.0f});  // [3]
+  comm.all_reduce(max_t, ReduceOp::Max);
+  expect_equal("all_reduce_max", max_t, at::tensor({static_cast<float>(w - 1), 0.0f, 3.0f}));
+
+  at::Tensor avg = at::full({3}, static_cast<double>(r), at::kDouble);  // [3]
+  comm.all_reduce(avg, ReduceOp::Avg);
+  expect_equal("all_reduce_avg", avg, at::full({3}, (w - 1) / 2.0, at::kDouble));
+
+  const int64_t src = w - 1;
+  at::Tensor bcast = at::full({2, 3}, r * 10, at::kInt);  // [2, 3]
+  comm.broadcast(bcast, src);
+  expect_equal("broadcast_from_last", bcast, at::full({2, 3}, src * 10, at::kInt));
+
+  at::Tensor bcast_bf16 = at::full({1}, static_cast<double>(r + 2), at::kBFloat16);  // [1]
+  comm.broadcast(bcast_bf16, 0);
+  expect_equal("broadcast_bf16_from_0", bcast_bf16, at::full({1}, 2.0, at::kBFloat16));
+
+  at::Tensor gather_in = at::arange(3, at::kFloat) + 10 * r;  // [3]
+  at::Tensor gathered = at::empty({w * 3}, at::kFloat);       // [w * 3]
+  comm.all_gather_into(gathered, gather_in);
+  expect_equal("all_gather_n3", gathered,
+               (at::arange(3, at::kFloat).unsqueeze(0) + 10 * at::arange(w, at::kFloat).unsqueeze(1)).reshape({-1}));
+
+  at::Tensor one = at::full({1}, r * r, at::kLong);         // [1]
+  at::Tensor gathered_one = at::empty({w, 1}, at::kLong);  // [w, 1]: any shape with w * n elements
+  comm.all_gather_into(gathered_one, one);
+  expect_equal("all_gather_n1_int64", gathered_one, at::arange(w, at::kLong).pow(2).reshape({w, 1}));
+
+  // input_r = (r + 1) * arange(w * n): the sum over ranks is w (w + 1) / 2 * arange(w * n), of which
+  // this rank keeps elements [r * n, (r + 1) * n).
+  const int64_t n = 5;
+  at::Tensor scatter_in = at::arange(w * n, at::kFloat) * (r + 1);  // [w * n]
+  at::Tensor scatter_out = at::empty({n}, at::kFloat);              // [n]
+  comm.reduce_scatter(scatter_out, scatter_in);
+  expect_equal("reduce_scatter_n5", scatter_out, at::arange(r * n, (r + 1) * n, at::kFloat) * (w * (w + 1) / 2));
+
+  at::Tensor scatter_in_i = at::full({w * 3}, r, at::kInt);  // [w * 3]
+  at::Tensor scatter_out_i = at::empty({3}, at::kInt);       // [3]
+  comm.reduce_scatter(scatter_out_i, scatter_in_i);
+  expect_equal("reduce_scatter_n3_int32", scatter_out_i, at::full({3}, rank_sum, at::kInt));
+
+  at::Tensor scatter_in_b = at::ones({w}, at::kBFloat16);  // [w]
+  at::Tensor scatter_out_b = at::empty({1}, at::kBFloat16);
+  comm.reduce_scatter(scatter_out_b, scatter_in_b);
+  expect_equal("reduce_scatter_n1_bf16", scatter_out_b, at::full({1}, static_cast<double>(w), at::kBFloat16));
+
+  // Barrier: ranks arrive staggered; nobody may leave before the last one arrived.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * (w - 1 - r)));
+  at::Tensor times = at::empty({2}, at::kLong);  // [enter, leave] in ns
+  times[0] = now_ns();
+  comm.barrier();
+  times[1] = now_ns();
+  at::Tensor all_times = at::empty({w, 2}, at::kLong);  // [w, 2]
+  comm.all_gather_into(all_times, times);
+  int64_t last_enter = all_times.select(1, 0).max().item<int64_t>();
+  int64_t first_leave = all_times.select(1, 1).min().item<int64_t>();
+  expect_equal("barrier_waits_for_last_rank", at::tensor({first_leave >= last_enter ? 1 : 0}), at::tensor({1}));
+}
+
+// Rank 0's view of a broken peer: the collective must throw; report how long it took.
+int run_peer_failure(Communicator& comm, bool peer_exits) {
+  if (comm.rank() == 1) {
+    if (peer_exits) raise(SIGKILL);  // like a crash: no destructors, sockets closed by the kernel
+    std::this_thread::sleep_for(std::chrono::minutes(10));  // the test kills this process
+    return 0;
+  }
+  if (peer_exits) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  at::Tensor tensor = at::ones({4});
+  auto start = std::chrono::steady_clock::now();
+  try {
+    comm.all_reduce(tensor);
+  } catch (const dschat::core::Error&) {
+    auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    std::cout << "collective_ms=" << elapsed.count() << std::endl;
+    throw;
+  }
+  std::cout << "FAIL all_reduce returned although rank 1 is gone\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: dschat_dist_worker <collectives|peer_exits|peer_hangs> <timeout_ms>\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const std::chrono::milliseconds timeout(std::stoll(argv[2]));
+  at::set_num_threads(1);
+  try {
+    auto env = dschat::dist::LaunchEnv::from_environment();
+    auto comm = Communicator::create(env, dschat::dist::Backend::Gloo, timeout);
+    if (scenario == "collectives") {
+      run_collectives(comm);
+      return failures == 0 ? 0 : 1;
+    }
+    if (scenario == "peer_exits" || scenario == "peer_hangs") return run_peer_failure(comm, scenario == "peer_exits");
+    std::cerr << "unknown scenario " << scenario << "\n";
+    return 2;
+  } catch (const dschat::core::Error& e) {
+    std::cerr << "dschat error: " << e.what() << std::endl;
+    return 1;
+  }
+}
