@@ -23,6 +23,26 @@ torch::Tensor Backbone::full_mask(const torch::Tensor& input_ids, const torch::T
   return attention_mask;
 }
 
+void Backbone::begin_forward(const nn::KvCache* cache) {
+  if (layer_hooks_ == nullptr) return;
+  // With hooks and grad every layer is recomputed in backward, and a recompute cannot replay
+  // attention over a cache that has since moved on; cached generation runs without grad anyway.
+  DSCHAT_CHECK(cache == nullptr || !torch::GradMode::is_enabled(), Unsupported,
+               "forward: a backbone with layer parameter hooks (ZeRO stage 3) cannot run a grad-enabled "
+               "forward with a KV cache; run cached generation under torch::NoGradGuard");
+  layer_hooks_->begin_forward();
+}
+
+nn::CheckpointCallbacks Backbone::recompute_callbacks(nn::LayerParameterHooks* hooks, int64_t layer) {
+  nn::CheckpointCallbacks callbacks;
+  callbacks.before_recompute = [hooks, layer] { hooks->acquire_layer(layer); };
+  callbacks.after_backward = [hooks, layer] {
+    hooks->layer_gradients_ready(layer);
+    hooks->release_layer(layer);
+  };
+  return callbacks;
+}
+
 std::shared_ptr<Backbone> make_backbone(const core::ModelConfig& config) {
   switch (config.architecture) {
     case core::Architecture::Opt: return std::make_shared<OptModel>(config);

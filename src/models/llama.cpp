@@ -48,6 +48,7 @@ LlamaModel::LlamaModel(const core::ModelConfig& config) : Backbone(config) {
 
 torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                   nn::KvCache* cache) {
+  begin_forward(cache);  // the layer hooks' start, before any parameter is read
   torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
   const int64_t steps = input_ids.size(1);
   // Positions follow the mask (as HF generate computes them), so left padding does not shift them.

@@ -42,6 +42,7 @@ class LlamaModel : public Backbone {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         nn::KvCache* cache) override;
   torch::Tensor embedding_weight() override { return embed_tokens->weight; }
+  std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() override { return layers->children(); }
 
   torch::nn::Embedding embed_tokens{nullptr};  // [V, H]
   torch::nn::ModuleList layers{nullptr};

@@ -72,6 +72,7 @@ OptModel::OptModel(const core::ModelConfig& config) : Backbone(config) {
 
 torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                 nn::KvCache* cache) {
+  begin_forward(cache);  // the layer hooks' start, before any parameter is read
   torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
   const int64_t steps = input_ids.size(1);
   torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/-1) + kPositionOffset;  // [B, T]

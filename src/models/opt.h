@@ -45,6 +45,7 @@ class OptModel : public Backbone {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         nn::KvCache* cache) override;
   torch::Tensor embedding_weight() override { return decoder->embed_tokens->weight; }
+  std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() override { return decoder->layers->children(); }
 
   OptDecoder decoder{nullptr};
 };

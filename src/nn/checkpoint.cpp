@@ -3,6 +3,8 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -12,6 +14,7 @@ namespace {
 // Holds the closure so it can ride in the autograd context (which stores IValues only).
 struct ClosureHolder : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
+  CheckpointCallbacks callbacks;
   std::vector<c10::Device> devices;         // CPU, plus the input's accelerator if any
   std::vector<at::Tensor> rng_states;        // generator state of each device before the first pass
 };
@@ -36,7 +39,10 @@ void set_rng_states(const std::vector<c10::Device>& devices, const std::vector<a
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
+  // backward_anchor: absent, or an empty tensor requiring grad that makes the output require grad
+  // (and so this backward run) when `input` does not; it never receives a gradient.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const std::optional<torch::Tensor>& /*backward_anchor*/,
                                c10::intrusive_ptr<ClosureHolder> holder) {
     holder->rng_states = rng_states(holder->devices);
     ctx->save_for_backward({input});
@@ -48,6 +54,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     auto holder = c10::static_intrusive_pointer_cast<ClosureHolder>(ctx->saved_data["closure"].toCapsule());
+    const CheckpointCallbacks& callbacks = holder->callbacks;
+    if (callbacks.before_recompute) callbacks.before_recompute();
     torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(ctx->needs_input_grad(0));
     std::vector<at::Tensor> states_now = rng_states(holder->devices);
     set_rng_states(holder->devices, holder->rng_states);  // same dropout masks as the first pass
@@ -57,20 +65,34 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       output = holder->fn(input);
     }
     set_rng_states(holder->devices, states_now);
-    torch::autograd::backward({output}, {grad_outputs[0]});
-    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};
+    // Without the anchor the output requires grad whenever backward runs; with it, a segment
+    // whose input and parameters are all frozen has nothing to differentiate.
+    if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});
+    if (callbacks.after_backward) callbacks.after_backward();
+    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& input) {
+  return checkpoint(fn, input, CheckpointCallbacks{});
+}
+
+torch::Tensor checkpoint(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& input,
+                         const CheckpointCallbacks& callbacks) {
   DSCHAT_CHECK(input.defined(), InvalidArgument, "checkpoint: input tensor is undefined");
   auto holder = c10::make_intrusive<ClosureHolder>();
   holder->fn = fn;
+  holder->callbacks = callbacks;
   holder->devices.emplace_back(c10::kCPU);
   if (!input.is_cpu()) holder->devices.push_back(input.device());
-  return CheckpointFunction::apply(input, holder);
+  const bool has_callbacks = callbacks.before_recompute || callbacks.after_backward;
+  std::optional<torch::Tensor> backward_anchor;  // [0] when present
+  if (has_callbacks && torch::GradMode::is_enabled() && !input.requires_grad()) {
+    backward_anchor = torch::empty({0}, torch::TensorOptions().requires_grad(true));
+  }
+  return CheckpointFunction::apply(input, backward_anchor, holder);
 }
 
 }  // namespace nn

@@ -6,11 +6,13 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <vector>
 
 #include "dschat/core/model_config.h"
 #include "dschat/nn/attention.h"
 #include "dschat/nn/checkpoint.h"
 #include "dschat/nn/kv_cache.h"
+#include "dschat/nn/layer_hooks.h"
 
 namespace dschat {
 namespace models {
@@ -27,9 +29,17 @@ class Backbone : public torch::nn::Module {
   /// The token embedding matrix [vocab, embed_dim], which a tied LM head reuses.
   virtual torch::Tensor embedding_weight() = 0;
 
+  /// The decoder layer modules in order (layer i's parameters are decoder_layers()[i]->parameters()).
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() = 0;
+
   /// Recompute each decoder layer's activations in backward instead of storing them.
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
+  /// Hands the decoder layers' parameters to `hooks` (ZeRO stage 3; protocol in layer_hooks.h);
+  /// nullptr removes them. Not owned: it must outlive every backward of a forward that used it.
+  void set_layer_parameter_hooks(nn::LayerParameterHooks* hooks) { layer_hooks_ = hooks; }
+  nn::LayerParameterHooks* layer_parameter_hooks() const { return layer_hooks_; }
 
   const core::ModelConfig& config() const { return config_; }
 
@@ -38,20 +48,34 @@ class Backbone : public torch::nn::Module {
   torch::Tensor full_mask(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           const nn::KvCache* cache) const;
 
-  /// Runs every decoder layer (type LayerImpl) over h: [B, T, H], checkpointing each one when
-  /// enabled in training (never with a cache: generation keeps no activations anyway), then
-  /// marks the new tokens as cached.
+  /// Each architecture's forward calls this first: refuses what the layer hooks cannot serve
+  /// (a grad-enabled forward with a KV cache), then tells them a forward begins.
+  void begin_forward(const nn::KvCache* cache);
+
+  /// Runs every decoder layer (type LayerImpl) over h: [B, T, H], then marks the new tokens as
+  /// cached. Without layer hooks each layer is checkpointed when enabled in training (never with
+  /// a cache: generation keeps no activations anyway). With hooks each layer runs between
+  /// acquire_layer and release_layer and, when grad is enabled, is always checkpointed, its
+  /// recompute bracketed by the hooks (layer_hooks.h).
   template <typename LayerImpl>
   torch::Tensor run_layers(torch::nn::ModuleList& layers, torch::Tensor h, const nn::AttentionInputs& inputs,
                            nn::KvCache* cache) {
+    nn::LayerParameterHooks* hooks = layer_hooks_;
+    const bool recompute_under_hooks = hooks != nullptr && torch::GradMode::is_enabled();
+    const bool checkpoint_plain = gradient_checkpointing_ && is_training() && cache == nullptr;
     for (size_t i = 0; i < layers->size(); ++i) {
       auto layer = layers[i]->as<LayerImpl>();
       const auto index = static_cast<int64_t>(i);
-      if (gradient_checkpointing_ && is_training() && cache == nullptr) {
-        h = nn::checkpoint([=](const torch::Tensor& x) { return layer->forward(x, inputs, index, nullptr); }, h);
+      auto run_layer = [=](const torch::Tensor& x) { return layer->forward(x, inputs, index, nullptr); };
+      if (hooks != nullptr) hooks->acquire_layer(index);
+      if (recompute_under_hooks) {
+        h = nn::checkpoint(run_layer, h, recompute_callbacks(hooks, index));
+      } else if (checkpoint_plain) {
+        h = nn::checkpoint(run_layer, h);
       } else {
         h = layer->forward(h, inputs, index, cache);
       }
+      if (hooks != nullptr) hooks->release_layer(index);
     }
     if (cache != nullptr) cache->commit(h.size(1));
     return h;
@@ -59,6 +83,12 @@ class Backbone : public torch::nn::Module {
 
   core::ModelConfig config_;
   bool gradient_checkpointing_ = false;
+
+ private:
+  /// Brackets layer `layer`'s recompute in backward: acquire; then gradients ready, release.
+  static nn::CheckpointCallbacks recompute_callbacks(nn::LayerParameterHooks* hooks, int64_t layer);
+
+  nn::LayerParameterHooks* layer_hooks_ = nullptr;  // not owned
 };
 
 /// Builds the backbone of config.architecture with freshly initialised weights.
