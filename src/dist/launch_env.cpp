@@ -193,6 +193,8 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
   if (launcher != nullptr) {
     read_ranks(vars, *launcher, env);
     read_local_ranks(vars, *launcher, env);
+    env.store_served_by_agent =
+        launcher == &kTorchrun && vars.text("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   }
   read_master(vars, env);
   return env;

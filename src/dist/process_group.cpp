@@ -6,11 +6,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <functional>
 #include <sstream>
 #include <vector>
 
 #include "dschat/core/error.h"
+#include "communicator_impl.h"
 
 // The wheel ships ProcessGroupGloo.hpp but not the gloo headers it includes; Debian's libgloo-dev
 // supplies them. Only declarations are taken from there (the ProcessGroupGloo code, and the gloo
@@ -30,13 +30,6 @@ namespace {
 
 using Milliseconds = std::chrono::milliseconds;
 
-// c10 errors carry a C++ backtrace in what(); the first line of the short form says what failed.
-std::string describe(const std::exception& error) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-  std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : error.what();
-  return text.substr(0, text.find('\n'));
-}
-
 bool is_loopback(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
 }
@@ -44,7 +37,8 @@ bool is_loopback(const std::string& addr) {
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, Milliseconds timeout) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
+  // Under torchrun the agent already serves the store on that port: everyone is a client there.
+  options.isServer = env.rank == 0 && !env.store_served_by_agent;
   // Every rank (server included) counts itself in; the server's constructor returns once all
   // world_size ranks have, so a missing rank surfaces here as a timeout, not later as a hang.
   options.numWorkers = static_cast<size_t>(env.world_size);
@@ -54,10 +48,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, Milliseconds
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& e) {
     DSCHAT_THROW(Error, "dist: rendezvous at ", env.master_addr, ":", env.master_port, " failed for rank ", env.rank,
-                 " of ", env.world_size, " within ", timeout.count(),
-                 " ms (rank 0 serves the store there: check that every rank has the same MASTER_ADDR/"
+                 " of ", env.world_size, " within ", timeout.count(), " ms (",
+                 env.store_served_by_agent ? "torchrun's agent" : "rank 0",
+                 " serves the store there: check that every rank has the same MASTER_ADDR/"
                  "MASTER_PORT, that the port is free on rank 0, and that all ranks were started): ",
-                 describe(e));
+                 describe_error(e));
   }
 }
 
@@ -124,44 +119,80 @@ void check_pair(const at::Tensor& output, const at::Tensor& input, const char* o
 
 }  // namespace
 
-struct Communicator::Impl {
-  int64_t rank = 0;
-  int64_t world_size = 1;
-  Backend backend = Backend::Gloo;
-  Milliseconds timeout{0};
-  c10::intrusive_ptr<c10d::Store> store;         // null in a world of one
-  c10::intrusive_ptr<c10d::Backend> cpu_group;   // Gloo
-  c10::intrusive_ptr<c10d::Backend> cuda_group;  // NCCL, only with Backend::Nccl
-  std::string failed_operation;                  // set once a collective failed
+// How long rank 0 keeps the store up after a failure for the other ranks' diagnoses: their
+// window plus slack for ranks that notice the failure a little later.
+constexpr Milliseconds kStoreLingerAfterFailure{4000};
 
-  c10d::Backend& group_for(const at::Tensor& tensor, const char* op) {
-    if (tensor.is_cuda()) {
-      DSCHAT_CHECK(cuda_group, InvalidArgument, "dist::", op,
-                   ": got a CUDA tensor, but this communicator was created without Backend::Nccl");
-      return *cuda_group;
+Communicator::Impl::~Impl() {
+  if (monitor) {
+    if (failed_operation.empty()) {
+      monitor->announce_leaving();
+    } else if (serves_store) {
+      monitor->linger_until_peers_diagnosed(kStoreLingerAfterFailure);
     }
-    return *cpu_group;
+    monitor.reset();
   }
+}
 
-  // Runs one collective to completion. Peers fail in two ways, both bounded by `timeout`: a dead
-  // one closes its sockets (Gloo reports it at once), a stuck one stops answering (Gloo's
-  // per-operation timeout). Either way the ranks no longer agree on the collective sequence, so the
-  // communicator refuses further calls instead of mismatching them.
-  void run(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
-    DSCHAT_CHECK(failed_operation.empty(), Error, "dist::", op, ": this communicator is unusable since ",
-                 failed_operation, " failed on rank ", rank);
-    try {
-      start()->wait();
-    } catch (const std::exception& e) {
-      failed_operation = op;
-      DSCHAT_THROW(Error, "dist::", op, " failed on rank ", rank, " of ", world_size,
-                   ": a peer rank is gone or did not answer within the ", timeout.count(), " ms timeout (",
-                   describe(e), ")");
-    }
+void Communicator::Impl::check_usable(const char* op) const {
+  DSCHAT_CHECK(failed_operation.empty(), Error, "dist::", op, ": this communicator is unusable since ",
+               failed_operation, " failed on rank ", rank);
+}
+
+c10d::Backend& Communicator::Impl::group_for(const at::Tensor& tensor, const char* op) {
+  check_usable(op);
+  if (tensor.is_cuda()) {
+    DSCHAT_CHECK(cuda_group, InvalidArgument, "dist::", op,
+                 ": got a CUDA tensor, but this communicator was created without Backend::Nccl");
+    return *cuda_group;
   }
-};
+  return *cpu_group;
+}
 
-Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+void Communicator::Impl::started() {
+  ++in_flight;
+  if (monitor) monitor->collective_started();
+}
+
+void Communicator::Impl::finished() {
+  --in_flight;
+  if (monitor) monitor->collective_finished();
+}
+
+// Peers fail in two ways, both bounded by `timeout`: a dead one closes its sockets (Gloo reports it
+// at once), a stuck one stops answering (Gloo's per-operation timeout). Either way the ranks no
+// longer agree on the collective sequence, so the communicator refuses further calls instead of
+// mismatching them.
+void Communicator::Impl::fail(const char* op, const std::exception& error) {
+  failed_operation = op;
+  std::string diagnosis;
+  if (monitor) {
+    // Closing this rank's Gloo connections fails the peers still blocked on it now, so they
+    // diagnose in the same window instead of at their timeout. Only when nothing else is in
+    // flight: the group's destructor waits for queued work.
+    if (in_flight == 1) cpu_group.reset();
+    diagnosis = "; " + monitor->diagnose_failure();
+  }
+  DSCHAT_THROW(Error, "dist::", op, " failed on rank ", rank, " of ", world_size,
+               ": a peer rank is gone or did not answer within the ", timeout.count(), " ms timeout (",
+               describe_error(error), ")", diagnosis);
+}
+
+void Communicator::Impl::run(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  check_usable(op);
+  started();
+  struct Finish {
+    Impl& impl;
+    ~Finish() { impl.finished(); }
+  } finish{*this};
+  try {
+    start()->wait();
+  } catch (const std::exception& e) {
+    fail(op, e);
+  }
+}
+
+Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 Communicator::~Communicator() = default;
@@ -175,13 +206,16 @@ Communicator Communicator::create(const LaunchEnv& env, Backend backend, Millise
   DSCHAT_CHECK(backend != Backend::Nccl, Unsupported,
                "dist: Backend::Nccl needs a dschat build with CUDA (DSCHAT_WITH_CUDA)");
 #endif
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_shared<Impl>();
   impl->rank = env.rank;
   impl->world_size = env.world_size;
   impl->backend = backend;
   impl->timeout = timeout;
+  impl->serves_store = env.rank == 0 && !env.store_served_by_agent;
   if (env.world_size > 1) {
     impl->store = connect_store(env, timeout);
+    // Before the Gloo mesh: once any rank's mesh is up, every rank has published a heartbeat.
+    impl->monitor = std::make_unique<PeerMonitor>(env, timeout, PeerMonitor::Timing{});
     try {
       impl->cpu_group = make_gloo(impl->store, env, timeout);
       if (backend == Backend::Nccl) impl->cuda_group = make_nccl(impl->store, env, timeout);
@@ -189,7 +223,7 @@ Communicator Communicator::create(const LaunchEnv& env, Backend backend, Millise
       throw;
     } catch (const std::exception& e) {
       DSCHAT_THROW(Error, "dist: connecting rank ", env.rank, " of ", env.world_size,
-                   " to its peers failed within ", timeout.count(), " ms: ", describe(e));
+                   " to its peers failed within ", timeout.count(), " ms: ", describe_error(e));
     }
   }
   return Communicator(std::move(impl));
@@ -231,6 +265,10 @@ void Communicator::broadcast(at::Tensor& tensor, int64_t src) {
 }
 
 void Communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  start_all_gather_into(output, input).wait();
+}
+
+PendingCollective Communicator::start_all_gather_into(at::Tensor& output, const at::Tensor& input) {
   check_pair(output, input, "all_gather_into");
   const int64_t n = input.numel();
   DSCHAT_CHECK(output.numel() == impl_->world_size * n, InvalidArgument, "dist::all_gather_into: output has ",
@@ -239,11 +277,24 @@ void Communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) 
   at::Tensor flat_input = input.view({-1});    // [n]
   if (impl_->world_size == 1) {
     flat_output.copy_(flat_input);
-    return;
+    return PendingCollective();
   }
-  if (n == 0) return;
+  if (n == 0) return PendingCollective();
   c10d::Backend& group = impl_->group_for(input, "all_gather_into");
-  impl_->run("all_gather_into", [&] { return group._allgather_base(flat_output, flat_input); });
+  auto state = std::make_unique<PendingCollective::State>();
+  state->impl = impl_;
+  state->op = "all_gather_into";
+  state->output = flat_output;
+  state->input = flat_input;
+  impl_->started();
+  try {
+    state->work = group._allgather_base(flat_output, flat_input);
+  } catch (const std::exception& e) {
+    impl_->finished();
+    impl_->failed_operation = "all_gather_into";
+    DSCHAT_THROW(Error, "dist::all_gather_into failed to start on rank ", impl_->rank, ": ", describe_error(e));
+  }
+  return PendingCollective(std::move(state));
 }
 
 void Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
@@ -279,6 +330,7 @@ void Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
 
 void Communicator::barrier() {
   if (impl_->world_size == 1) return;
+  impl_->check_usable("barrier");
   c10d::Backend& group = *impl_->cpu_group;  // a host-side barrier also orders NCCL ranks' hosts
   impl_->run("barrier", [&] { return group.barrier(); });
 }

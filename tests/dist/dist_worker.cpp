@@ -3,13 +3,18 @@
 // one scenario, prints "PASS <check>" or "FAIL <check>: ..." per check on stdout and exits 0 when
 // every check passed; a dschat error goes to stderr with exit status 1.
 //
-// usage: dschat_dist_worker <scenario> <timeout_ms>
-//   collectives  every collective on rank-dependent inputs, compared with closed forms
-//   peer_exits   rank 1 kills itself after joining; rank 0 then all_reduces (must throw)
-//   peer_hangs   rank 1 sleeps after joining; rank 0 then all_reduces (must time out)
+// usage: dschat_dist_worker <scenario> <timeout_ms> [steps]
+//   collectives   every collective on rank-dependent inputs, compared with closed forms
+//   peer_exits    rank 1 kills itself after joining; rank 0 then all_reduces (must throw)
+//   peer_hangs    rank 1 sleeps after joining; rank 0 then all_reduces (must time out)
+//   steps         `steps` rounds of all_reduce 50 ms apart, printing "rank R step I" after each
+//                 (and "rank R pid P" first): a job for tests that kill a rank half way
+//   async_gather  start_all_gather_into: overlapping handles, waited out of order, twice, moved,
+//                 and destroyed unwaited
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <iostream>
@@ -135,11 +140,61 @@ int run_peer_failure(Communicator& comm, bool peer_exits) {
   return 1;
 }
 
+int run_steps(Communicator& comm, int64_t steps) {
+  std::cout << "rank " << comm.rank() << " pid " << getpid() << std::endl;
+  for (int64_t step = 0; step < steps; ++step) {
+    at::Tensor ones = at::ones({4});  // [4]
+    comm.all_reduce(ones);
+    if (ones[0].item<float>() != static_cast<float>(comm.world_size())) {
+      std::cout << "FAIL steps: all_reduce gave " << ones << std::endl;
+      return 1;
+    }
+    std::cout << "rank " << comm.rank() << " step " << step << std::endl;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::cout << "PASS steps" << std::endl;
+  return 0;
+}
+
+void run_async_gather(Communicator& comm) {
+  const int64_t w = comm.world_size();
+  const int64_t r = comm.rank();
+  at::Tensor in_a = at::full({3}, r, at::kLong);                // [3]
+  at::Tensor out_a = at::empty({w * 3}, at::kLong);             // [w * 3]
+  at::Tensor in_b = at::arange(2, at::kFloat) + 10 * r;         // [2]
+  at::Tensor out_b = at::empty({w, 2}, at::kFloat);             // [w, 2]
+  dschat::dist::PendingCollective first = comm.start_all_gather_into(out_a, in_a);
+  dschat::dist::PendingCollective second = comm.start_all_gather_into(out_b, in_b);
+  at::Tensor sum = at::ones({2});  // a blocking call while both are in flight
+  comm.all_reduce(sum);
+  second.wait();
+  first.wait();
+  first.wait();  // no-op
+  expect_equal("async_all_gather_first", out_a, at::arange(w, at::kLong).repeat_interleave(3));
+  expect_equal("async_all_gather_second", out_b,
+               at::arange(2, at::kFloat).unsqueeze(0) + 10 * at::arange(w, at::kFloat).unsqueeze(1));
+  expect_equal("blocking_call_between", sum, at::full({2}, static_cast<double>(w), at::kFloat));
+
+  at::Tensor in_c = at::full({1}, r + 1, at::kInt);  // [1]
+  at::Tensor out_c = at::empty({w}, at::kInt);       // [w]
+  { dschat::dist::PendingCollective unwaited = comm.start_all_gather_into(out_c, in_c); }
+  expect_equal("async_all_gather_destroyed_unwaited", out_c, at::arange(1, w + 1, at::kInt));
+
+  at::Tensor out_d = at::empty({w}, at::kInt);  // [w]
+  dschat::dist::PendingCollective moved;
+  moved = comm.start_all_gather_into(out_d, in_c);
+  dschat::dist::PendingCollective target(std::move(moved));
+  moved.wait();  // empty after the move: no-op
+  target.wait();
+  expect_equal("async_all_gather_moved", out_d, at::arange(1, w + 1, at::kInt));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: dschat_dist_worker <collectives|peer_exits|peer_hangs> <timeout_ms>\n";
+  if (argc != 3 && argc != 4) {
+    std::cerr << "usage: dschat_dist_worker <collectives|peer_exits|peer_hangs|steps|async_gather> <timeout_ms> "
+                 "[steps]\n";
     return 2;
   }
   const std::string scenario = argv[1];
@@ -153,6 +208,11 @@ int main(int argc, char** argv) {
       return failures == 0 ? 0 : 1;
     }
     if (scenario == "peer_exits" || scenario == "peer_hangs") return run_peer_failure(comm, scenario == "peer_exits");
+    if (scenario == "steps") return run_steps(comm, argc == 4 ? std::stoll(argv[3]) : 100);
+    if (scenario == "async_gather") {
+      run_async_gather(comm);
+      return failures == 0 ? 0 : 1;
+    }
     std::cerr << "unknown scenario " << scenario << "\n";
     return 2;
   } catch (const dschat::core::Error& e) {

@@ -3,12 +3,7 @@
 // rendezvous on 127.0.0.1 through a real TCPStore + ProcessGroupGloo; each test waits for them
 // with a deadline (killing leftovers) and checks their exit status and output.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,9 +15,8 @@
 #include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/core/build_info.h"
+#include "rank_jobs.h"
 #include "test_util.h"
-
-extern char** environ;
 
 namespace dschat {
 namespace {
@@ -167,153 +161,25 @@ TEST(DistCommunicator, RejectsBadArguments) {
 
 // ---- multi-process -----------------------------------------------------------------------------
 
-// A port nothing listens on now: bind port 0, read what the kernel picked, close. Another process
-// may take it before rank 0 binds it; run_job retries on that.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
+// world_size copies of dist_worker running `scenario` (tests/rank_jobs.h starts and reaps them).
+testing::JobOutcome run_job(const std::string& scenario, int world_size, int timeout_ms, std::chrono::seconds deadline,
+                            bool stop_peers_after_rank0 = false) {
+  testing::JobSpec spec;
+  spec.argv = {DSCHAT_DIST_WORKER_PATH, scenario, std::to_string(timeout_ms)};
+  spec.world_size = world_size;
+  spec.deadline = deadline;
+  spec.stop_peers_after_rank0 = stop_peers_after_rank0;
+  return testing::run_rank_job(spec);
 }
 
-struct RankOutcome {
-  int exit_code = -1;    // -1 when killed by a signal
-  std::string out, err;  // stdout, stderr
-};
-
-struct JobOutcome {
-  std::vector<RankOutcome> ranks;
-  bool deadline_hit = false;
-};
-
-std::string read_file(const std::filesystem::path& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
-
-bool is_launcher_variable(const std::string& entry) {
-  static const char* kPrefixes[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "LOCAL_SIZE=",
-                                    "MASTER_ADDR=", "MASTER_PORT=", "GLOO_SOCKET_IFNAME=", "OMPI_COMM_WORLD_",
-                                    "SLURM_"};
-  for (const char* prefix : kPrefixes) {
-    if (entry.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
-// Starts world_size workers on one free port, waits for all of them until `deadline` (then kills
-// the rest). With stop_peers_after_rank0, the other ranks are killed as soon as rank 0 exits.
-JobOutcome run_job_once(const std::string& scenario, int world_size, int timeout_ms, std::chrono::seconds deadline,
-                        bool stop_peers_after_rank0, int port) {
-  testing::TempDir dir;
-  std::vector<pid_t> pids(world_size, -1);
-  for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> env_strings;
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      if (!is_launcher_variable(*entry)) env_strings.emplace_back(*entry);
-    }
-    for (const std::string& entry :
-         {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world_size),
-          "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world_size),
-          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-          std::string("OMP_NUM_THREADS=1")}) {
-      env_strings.push_back(entry);
-    }
-    std::vector<char*> envp;
-    for (auto& entry : env_strings) envp.push_back(entry.data());
-    envp.push_back(nullptr);
-    std::string worker = DSCHAT_DIST_WORKER_PATH;
-    std::string timeout_arg = std::to_string(timeout_ms);
-    std::vector<char*> argv{worker.data(), const_cast<char*>(scenario.c_str()), timeout_arg.data(), nullptr};
-    std::string out_path = (dir / ("rank" + std::to_string(rank) + ".out")).string();
-    std::string err_path = (dir / ("rank" + std::to_string(rank) + ".err")).string();
-    posix_spawn_file_actions_t files;
-    posix_spawn_file_actions_init(&files);
-    posix_spawn_file_actions_addopen(&files, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&files, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int rc = posix_spawn(&pids[rank], worker.c_str(), &files, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&files);
-    EXPECT_EQ(rc, 0) << "cannot start " << worker;
-  }
-
-  JobOutcome job;
-  job.ranks.resize(world_size);
-  auto give_up_at = std::chrono::steady_clock::now() + deadline;
-  int running = 0;
-  for (pid_t pid : pids) running += pid > 0 ? 1 : 0;
-  while (running > 0) {
-    for (int rank = 0; rank < world_size; ++rank) {
-      int status = 0;
-      if (pids[rank] <= 0 || waitpid(pids[rank], &status, WNOHANG) != pids[rank]) continue;
-      job.ranks[rank].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      pids[rank] = -1;
-      --running;
-      if (rank == 0 && stop_peers_after_rank0) {
-        for (pid_t pid : pids) {
-          if (pid > 0) kill(pid, SIGKILL);
-        }
-      }
-    }
-    if (running > 0 && std::chrono::steady_clock::now() > give_up_at) {
-      job.deadline_hit = true;
-      for (pid_t pid : pids) {
-        if (pid > 0) kill(pid, SIGKILL);
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  for (int rank = 0; rank < world_size; ++rank) {
-    job.ranks[rank].out = read_file(dir / ("rank" + std::to_string(rank) + ".out"));
-    job.ranks[rank].err = read_file(dir / ("rank" + std::to_string(rank) + ".err"));
-  }
-  return job;
-}
-
-JobOutcome run_job(const std::string& scenario, int world_size, int timeout_ms, std::chrono::seconds deadline,
-                   bool stop_peers_after_rank0 = false) {
-  JobOutcome job;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    job = run_job_once(scenario, world_size, timeout_ms, deadline, stop_peers_after_rank0, free_port());
-    const std::string& rank0_err = job.ranks[0].err;
-    bool port_taken = rank0_err.find("EADDRINUSE") != std::string::npos ||
-                      rank0_err.find("ddress already in use") != std::string::npos;
-    if (!port_taken) break;
-  }
-  return job;
-}
-
-std::string describe(const JobOutcome& job) {
-  std::ostringstream text;
-  if (job.deadline_hit) text << "deadline hit, workers killed\n";
-  for (size_t rank = 0; rank < job.ranks.size(); ++rank) {
-    text << "--- rank " << rank << " exit " << job.ranks[rank].exit_code << "\nstdout:\n"
-         << job.ranks[rank].out << "stderr:\n"
-         << job.ranks[rank].err.substr(0, 2000) << "\n";
-  }
-  return text.str();
-}
-
-int count_lines_starting(const std::string& text, const std::string& prefix) {
-  int count = 0;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) count += line.rfind(prefix, 0) == 0 ? 1 : 0;
-  return count;
-}
+std::string describe(const testing::JobOutcome& job) { return job.describe(); }
+using testing::count_lines_starting;
 
 void expect_collectives_pass(int world_size) {
   constexpr int kChecks = 12;  // the expect_equal calls in dist_worker.cpp's run_collectives
-  JobOutcome job = run_job("collectives", world_size, 10000, std::chrono::seconds(60));
+  testing::JobOutcome job = run_job("collectives", world_size, 10000, std::chrono::seconds(60));
   ASSERT_FALSE(job.deadline_hit) << describe(job);
-  for (const RankOutcome& rank : job.ranks) {
+  for (const testing::RankOutcome& rank : job.ranks) {
     EXPECT_EQ(rank.exit_code, 0) << describe(job);
     EXPECT_EQ(count_lines_starting(rank.out, "PASS "), kChecks) << describe(job);
     EXPECT_EQ(count_lines_starting(rank.out, "FAIL "), 0) << describe(job);
@@ -328,9 +194,9 @@ TEST(DistMultiprocCollectives, WorldOf4) { expect_collectives_pass(4); }
 // message naming the operation, and the process exits non-zero.
 void expect_peer_failure_detected(const std::string& scenario, int timeout_ms) {
   auto deadline = std::chrono::seconds(timeout_ms / 1000 + 30);
-  JobOutcome job = run_job(scenario, 2, timeout_ms, deadline, /*stop_peers_after_rank0=*/true);
+  testing::JobOutcome job = run_job(scenario, 2, timeout_ms, deadline, /*stop_peers_after_rank0=*/true);
   ASSERT_FALSE(job.deadline_hit) << describe(job);
-  const RankOutcome& rank0 = job.ranks[0];
+  const testing::RankOutcome& rank0 = job.ranks[0];
   EXPECT_EQ(rank0.exit_code, 1) << describe(job);
   EXPECT_NE(rank0.err.find("dist::all_reduce failed on rank 0 of 2"), std::string::npos) << describe(job);
   EXPECT_NE(rank0.err.find("peer rank"), std::string::npos) << describe(job);

@@ -30,6 +30,9 @@ struct LaunchEnv {
   /// GLOO_SOCKET_IFNAME: the network interface Gloo binds to ("" = pick from the hostname), as
   /// in torch.distributed; multi-node hosts with several interfaces need it.
   std::string socket_ifname;
+  /// TORCHELASTIC_USE_AGENT_STORE=True (torchrun sets it): torchrun's agent already serves the
+  /// store at MASTER_ADDR:MASTER_PORT, so every rank, rank 0 included, connects to it as a client.
+  bool store_served_by_agent = false;
   /// Which launcher the values came from: "torchrun", "openmpi", "slurm" or "single".
   std::string source = "single";
 

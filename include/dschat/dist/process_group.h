@@ -5,9 +5,20 @@
 // its tensors.
 //
 // Every call is blocking (for NCCL: enqueued on the current CUDA stream, as torch.distributed
-// does) and must be made by all ranks in the same order. A rank that dies or stops answering
-// does not hang the others: the Gloo transport and the store give up after `timeout`, and the
-// call throws core::Error naming the operation. The communicator is unusable after that.
+// does), except start_all_gather_into, and must be made by all ranks in the same order. A rank
+// that dies or stops answering does not hang the others: the Gloo transport and the store give up
+// after `timeout`, and the call throws core::Error naming the operation. The communicator is
+// unusable after that.
+//
+// Naming the lost rank: each rank bumps a heartbeat counter in the store every 0.5 s from a thread
+// of its own. When a collective fails, the rank closes its Gloo connections at once (so the peers
+// still waiting on it fail now rather than at their timeout), compares the counters 1.5 s apart
+// (a collective that ran into its timeout was already sampled during its last seconds: no extra
+// wait) and appends what it found to the message: "lost rank 2 (its heartbeat in the store
+// stopped ...)", or that no heartbeat stopped (a rank is alive but did not join the collective),
+// or that the store itself is gone (rank 0 serves it, unless torchrun's agent does). Rank 0's
+// destructor keeps the store up for up to 4 s after a failure, until the other ranks have read
+// it. NCCL failures are reported by NCCL's own watchdog instead.
 // A world of one needs no network: collectives are identities.
 
 #include <ATen/core/Tensor.h>
@@ -31,6 +42,31 @@ enum class ReduceOp { Sum, Max, Avg };
 
 /// DeepSpeed's default_pg_timeout.
 constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
+
+class Communicator;
+
+/// A collective started by Communicator::start_all_gather_into and not yet waited for. Movable;
+/// a default-constructed or already waited one holds nothing.
+class PendingCollective {
+ public:
+  PendingCollective();
+  PendingCollective(PendingCollective&&) noexcept;
+  /// Waits for the collective this handle held before (errors stay with the communicator).
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+  /// Waits if wait() was not called; a failure cannot be thrown from here, so it only makes the
+  /// communicator unusable (its next call throws, naming the failed operation).
+  ~PendingCollective();
+
+  /// Blocks until the collective is done (NCCL: until it is enqueued on the current stream), and
+  /// throws core::Error like the blocking calls when it failed. A second call does nothing.
+  void wait();
+
+ private:
+  friend class Communicator;
+  struct State;
+  explicit PendingCollective(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 class Communicator {
  public:
@@ -58,6 +94,12 @@ class Communicator {
   /// output [world * n] <- input [n] of every rank, in rank order. Both contiguous, same dtype.
   void all_gather_into(at::Tensor& output, const at::Tensor& input);
 
+  /// all_gather_into that returns at once: the transfer runs in the background until the handle is
+  /// waited (or destroyed). Neither tensor may be touched before that. Collectives started later
+  /// may complete first, but every rank must still start them in the same order. The handle keeps
+  /// the communicator's state alive, so it may outlive the Communicator object.
+  PendingCollective start_all_gather_into(at::Tensor& output, const at::Tensor& input);
+
   /// output [n] <- sum over ranks r of input_r[rank * n, (rank + 1) * n); input [world * n].
   void reduce_scatter(at::Tensor& output, const at::Tensor& input);
 
@@ -66,8 +108,9 @@ class Communicator {
 
  private:
   struct Impl;
-  explicit Communicator(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  friend class PendingCollective;
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with the PendingCollective handles
 };
 
 }  // namespace dist
