@@ -1,19 +1,15 @@
-// TrainingEngine::save_checkpoint / load_checkpoint: one directory per tag holding
-//   state.safetensors   module.<name> (parameters and buffers), master.<name> (fp32 masters of
-//                       bf16/fp16 parameters), optim.<key> (moments and step counts), rng.cpu
-//   engine.json         counters, LR schedule, loss scaler, optimizer scalars, client state
-//   manifest.json       file -> {bytes, sha256}, written last
-// and <dir>/latest naming the newest tag.
-#include <unistd.h>
-
-#include <fstream>
-
+// TrainingEngine::save_checkpoint / load_checkpoint. The layout is described in
+// dschat/engine/checkpoint_shards.h: every rank writes the pieces of the parameters it owns, so
+// a checkpoint is read back by any world size and stage.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "data/content_hash.h"
 #include "dschat/core/error.h"
+#include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/nn/linear.h"
+#include "engine/zero_optimizer.h"
 #include "io/atomic_file.h"
 
 namespace dschat {
@@ -23,56 +19,33 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kCheckpointVersion = 1;
-const char* const kFiles[] = {"state.safetensors", "engine.json"};
+constexpr int kCheckpointVersion = 2;
 
-void write_text(const fs::path& file, const std::string& text) {
-  io::AtomicFileWriter out(file);
-  out.write(text.data(), text.size());
-  out.commit();
-}
-
-json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  DSCHAT_CHECK(in, NotFound, file.string(), ": missing");
-  json value = json::parse(in, nullptr, false);
-  DSCHAT_CHECK(!value.is_discarded(), FormatError, file.string(), ": malformed JSON");
-  return value;
-}
-
-json optimizer_scalars(const AdamWStateDict& state) {
-  const AdamWOptions& o = state.options;
-  return {{"betas", {o.betas[0], o.betas[1]}}, {"eps", o.eps}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-          {"bias_correction", o.bias_correction}, {"adam_w_mode", o.adam_w_mode}, {"group_lrs", state.group_lrs},
-          {"group_weight_decays", state.group_weight_decays}, {"group_names", state.group_names}};
-}
-
-AdamWStateDict optimizer_state_from(const json& scalars, const io::TensorMap& tensors) {
-  AdamWStateDict state;
-  state.options.betas = {scalars["betas"][0].get<double>(), scalars["betas"][1].get<double>()};
-  state.options.eps = scalars["eps"].get<double>();
-  state.options.lr = scalars["lr"].get<double>();
-  state.options.weight_decay = scalars["weight_decay"].get<double>();
-  state.options.bias_correction = scalars["bias_correction"].get<bool>();
-  state.options.adam_w_mode = scalars["adam_w_mode"].get<bool>();
-  state.group_lrs = scalars["group_lrs"].get<std::vector<double>>();
-  state.group_weight_decays = scalars["group_weight_decays"].get<std::vector<double>>();
-  state.group_names = scalars["group_names"].get<std::vector<std::vector<std::string>>>();
-  const std::string prefix = "optim.";
-  for (const auto& [name, tensor] : tensors) {
-    if (name.compare(0, prefix.size(), prefix) == 0) state.tensors[name.substr(prefix.size())] = tensor;
+// "state.<k>.<field>" keys of AdamW's state dict, by the parameter (piece) name at index k.
+std::map<std::string, int64_t> optimizer_index_by_name(const AdamWStateDict& state) {
+  std::map<std::string, int64_t> index;
+  int64_t k = 0;
+  for (const auto& names : state.group_names) {
+    for (const auto& name : names) index[name] = k++;
   }
-  return state;
+  return index;
 }
 
-// Copies `source` into `target` after checking the shape; names the tensor and file otherwise.
-void restore(torch::Tensor target, const io::TensorMap& tensors, const std::string& name, const fs::path& file) {
-  auto it = tensors.find(name);
-  DSCHAT_CHECK(it != tensors.end(), FormatError, file.string(), ": tensor '", name, "' is missing");
-  DSCHAT_CHECK(it->second.sizes() == target.sizes(), FormatError, file.string(), ": tensor '", name, "' has shape ",
-               it->second.sizes(), ", the model's is ", target.sizes());
-  torch::NoGradGuard no_grad;
-  target.copy_(it->second);
+std::string state_key(int64_t k, const char* field) { return "state." + std::to_string(k) + "." + field; }
+
+json lora_scales(torch::nn::Module& module) {
+  json scales = json::object();
+  for (const auto& item : module.named_modules()) {
+    auto linear = std::dynamic_pointer_cast<nn::LinearImpl>(item.value());
+    if (linear && linear->has_lora()) scales[item.key()] = linear->lora_scale();
+  }
+  return scales;
+}
+
+torch::Tensor cpu_rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();  // [5056] uint8: the MT19937 state and the normal cache
 }
 
 }  // namespace
@@ -84,115 +57,187 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
   if (tag.empty()) tag = "global_step" + std::to_string(global_steps_);
   DSCHAT_CHECK(tag.find('/') == std::string::npos && tag[0] != '.', InvalidArgument, "save_checkpoint: bad tag '",
                tag, "'");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DSCHAT_CHECK(!ec, IoError, dir.string(), ": cannot create (", ec.message(), ")");
+  dist::Communicator* communicator = options_.communicator.get();
+  auto barrier = [&] {
+    if (communicator) communicator->barrier();
+  };
+  const fs::path staging = dir / (".tmp-" + tag);  // the same name on every rank
+  if (rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    DSCHAT_CHECK(!ec, IoError, dir.string(), ": cannot create (", ec.message(), ")");
+    io::remove_directory_tree(staging);  // left by a save that died
+    fs::create_directories(staging, ec);
+    DSCHAT_CHECK(!ec, IoError, staging.string(), ": cannot create (", ec.message(), ")");
+  }
+  barrier();
 
+  // This rank's pieces. Stage 0 replicates everything, so rank 0 alone writes its groups.
   io::TensorMap tensors;
-  for (const auto& item : module_->named_parameters()) tensors["module." + item.key()] = item.value().detach().cpu();
-  for (const auto& item : module_->named_buffers()) tensors["module." + item.key()] = item.value().detach().cpu();
-  for (const auto& t : trainables_) {
-    if (t.has_master()) tensors["master." + t.name] = t.master.detach().cpu();
-  }
-  AdamWStateDict optimizer = optimizer_->state_dict();
-  for (const auto& [key, tensor] : optimizer.tensors) tensors["optim." + key] = tensor.cpu();
-  {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    tensors["rng.cpu"] = generator.get_state();  // [5056] uint8: the MT19937 state and normal cache
-  }
-
-  json engine = {{"version", kCheckpointVersion},
-                 {"global_steps", global_steps_},
-                 {"skipped_steps", skipped_steps_},
-                 {"micro_steps", micro_steps_},
-                 {"world_size", 1},
-                 {"zero_stage", options_.config.zero.stage},
-                 {"loss_scaler", scaler_.state_dict()},
-                 {"lr_scheduler", scheduler_ ? scheduler_->state_dict() : json(nullptr)},
-                 {"optimizer", optimizer_scalars(optimizer)},
-                 {"client_state", client_state}};
-
-  const fs::path staging = dir / (".tmp-" + tag + "-" + std::to_string(::getpid()));
-  io::remove_directory_tree(staging);
-  fs::create_directories(staging, ec);
-  DSCHAT_CHECK(!ec, IoError, staging.string(), ": cannot create (", ec.message(), ")");
-  try {
-    io::save_safetensors(staging / "state.safetensors", tensors);
-    write_text(staging / "engine.json", engine.dump(1));
-    json manifest = {{"tag", tag}, {"files", json::object()}};
-    for (const char* name : kFiles) {
-      manifest["files"][name] = {{"bytes", fs::file_size(staging / name)},
-                                 {"sha256", data::sha256_of_file(staging / name)}};
+  json pieces = json::object();
+  const AdamWStateDict optimizer = zero_->adamw().state_dict();
+  const auto optimizer_index = optimizer_index_by_name(optimizer);
+  auto add_piece = [&](const std::string& name, const torch::Tensor& param_shape_source, int64_t offset,
+                       int64_t numel, int64_t step, bool trainable) {
+    pieces[name] = {{"offset", offset}, {"numel", numel}, {"shape", param_shape_source.sizes().vec()},
+                    {"step", step}, {"trainable", trainable}};
+  };
+  for (const auto& group : zero_->groups()) {
+    const bool writes = group->layout().world_size > 1 || rank() == 0;
+    if (!writes || group->trainable()) continue;
+    const torch::Tensor values = group->owned_values();  // [owned]
+    for (const Piece& piece : pieces_in_range(group->layout(), group->owned_range())) {
+      const auto& member = group->members()[piece.slot];
+      tensors["frozen." + member.name] = values.narrow(0, piece.range_offset, piece.numel).cpu();
+      pieces[member.name] = {{"offset", piece.slot_offset}, {"numel", piece.numel}, {"step", 0}, {"trainable", false}};
     }
-    write_text(staging / "manifest.json", manifest.dump(1));
-    // Swap the finished directory into place; an older copy of the same tag is removed only after.
-    const fs::path final_dir = dir / tag, old = dir / (".old-" + tag + "-" + std::to_string(::getpid()));
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
-    fs::rename(staging, final_dir);
-    write_text(dir / "latest", tag);
-    io::remove_directory_tree(old);
-  } catch (...) {
-    io::remove_directory_tree(staging);
-    throw;
   }
+  for (const auto& piece : zero_->owned_pieces()) {
+    if (piece.group->layout().world_size == 1 && rank() != 0) continue;
+    const std::string& name = piece.group->layout().slots[piece.slot].name;
+    tensors["master." + name] = piece.value.detach().cpu();
+    int64_t step = 0;
+    auto k = optimizer_index.find(name);
+    if (k != optimizer_index.end() && optimizer.tensors.count(state_key(k->second, "step"))) {
+      step = optimizer.tensors.at(state_key(k->second, "step")).item<int64_t>();
+      tensors["exp_avg." + name] = optimizer.tensors.at(state_key(k->second, "exp_avg")).cpu();
+      tensors["exp_avg_sq." + name] = optimizer.tensors.at(state_key(k->second, "exp_avg_sq")).cpu();
+    }
+    pieces[name] = {{"offset", piece.param_offset}, {"numel", piece.value.numel()}, {"step", step}, {"trainable", true}};
+  }
+  // Shapes come from the layout (stage 3 members are released, their tensors are empty).
+  for (const auto& group : zero_->groups()) {
+    for (size_t i = 0; i < group->members().size(); ++i) {
+      const std::string& name = group->members()[i].name;
+      if (pieces.contains(name)) pieces[name]["shape"] = group->member_shape(i);
+    }
+  }
+  if (rank() == 0) {
+    for (const auto& [name, param] : zero_->ungrouped()) {
+      tensors["frozen." + name] = param.detach().reshape({-1}).cpu();
+      add_piece(name, param, 0, param.numel(), 0, false);
+    }
+    for (const auto& item : module_->named_buffers()) tensors["buffer." + item.key()] = item.value().detach().cpu();
+  }
+  tensors["rng.cpu"] = cpu_rng_state();
+  const std::string stem = "rank" + std::to_string(rank());
+  io::save_safetensors(staging / (stem + ".safetensors"), tensors);
+  io::write_file_atomically(staging / (stem + ".json"), json{{"rank", rank()}, {"pieces", pieces}}.dump(1));
+  barrier();
+
+  if (rank() == 0) {
+    try {
+      const json engine = {{"version", kCheckpointVersion},
+                           {"global_steps", global_steps_},
+                           {"skipped_steps", skipped_steps_},
+                           {"micro_steps", micro_steps_},
+                           {"world_size", world_size()},
+                           {"zero_stage", options_.config.zero.stage},
+                           {"loss_scaler", scaler_.state_dict()},
+                           {"lr_scheduler", scheduler_ ? scheduler_->state_dict() : json(nullptr)},
+                           {"lora_scales", lora_scales(*module_)},
+                           {"client_state", client_state}};
+      io::write_file_atomically(staging / "engine.json", engine.dump(1));
+      json manifest = {{"tag", tag}, {"files", json::object()}};
+      for (const auto& entry : fs::directory_iterator(staging)) {
+        const std::string name = entry.path().filename().string();
+        manifest["files"][name] = {{"bytes", fs::file_size(entry.path())}, {"sha256", data::sha256_of_file(entry.path())}};
+      }
+      io::write_file_atomically(staging / "manifest.json", manifest.dump(1));
+      // Swap the finished directory into place; an older copy of the same tag is removed only after.
+      const fs::path final_dir = dir / tag, old = dir / (".old-" + tag);
+      io::remove_directory_tree(old);
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);
+      fs::rename(staging, final_dir);
+      io::write_file_atomically(dir / "latest", tag);
+      io::remove_directory_tree(old);
+    } catch (...) {
+      io::remove_directory_tree(staging);
+      throw;
+    }
+  }
+  barrier();  // nobody returns before the checkpoint is complete
 }
 
 json TrainingEngine::load_checkpoint(const fs::path& dir, const std::string& requested_tag) {
-  std::string tag = requested_tag;
-  if (tag.empty()) {
-    std::ifstream latest(dir / "latest");
-    DSCHAT_CHECK(latest && std::getline(latest, tag) && !tag.empty(), NotFound, (dir / "latest").string(),
-                 ": no checkpoint (the file naming the latest tag is missing)");
-  }
-  const fs::path root = dir / tag;
-  const json manifest = read_json(root / "manifest.json");
-  for (const char* name : kFiles) {
-    DSCHAT_CHECK(manifest["files"].contains(name), FormatError, (root / "manifest.json").string(), ": lists no ", name);
-    const std::string expected = manifest["files"][name]["sha256"].get<std::string>();
-    DSCHAT_CHECK(data::sha256_of_file(root / name) == expected, FormatError, (root / name).string(),
-                 ": checksum mismatch (corrupt or modified checkpoint)");
-  }
-  const json engine = read_json(root / "engine.json");
-  DSCHAT_CHECK(engine.value("version", 0) == kCheckpointVersion, FormatError, (root / "engine.json").string(),
-               ": checkpoint format version ", engine.value("version", 0), ", this dschat reads ", kCheckpointVersion);
-  const fs::path state_file = root / "state.safetensors";
-  io::TensorMap tensors = io::load_safetensors(state_file);
+  const std::string tag = requested_tag.empty() ? latest_checkpoint_tag(dir) : requested_tag;
+  const CheckpointShards shards = CheckpointShards::open(dir / tag);
+  const json& engine = shards.engine_state();
+  const std::string where = (dir / tag).string();
 
-  // Validate everything first, so a bad checkpoint leaves the engine untouched.
-  for (const auto& item : module_->named_parameters()) {
-    auto it = tensors.find("module." + item.key());
-    DSCHAT_CHECK(it != tensors.end() && it->second.sizes() == item.value().sizes(), FormatError, state_file.string(),
-                 ": tensor 'module.", item.key(), "' is missing or mis-shaped");
+  // Assemble everything this rank needs into temporaries first, so a bad checkpoint leaves the
+  // engine untouched.
+  auto check_shape = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = shards.params().find(name);
+    DSCHAT_CHECK(it != shards.params().end(), FormatError, where, ": tensor '", name,
+                 "' is missing (a checkpoint of a different model?)");
+    DSCHAT_CHECK(it->second.shape == shape, FormatError, where, ": tensor '", name, "' has shape ",
+                 c10::IntArrayRef(it->second.shape), ", the model's is ", c10::IntArrayRef(shape));
+  };
+  std::vector<torch::Tensor> owned_values;  // per group: [owned] fp32 masters or model-dtype values
+  for (const auto& group : zero_->groups()) {
+    for (size_t i = 0; i < group->members().size(); ++i) check_shape(group->members()[i].name, group->member_shape(i));
+    torch::Tensor values = group->trainable() ? torch::zeros_like(group->master(), torch::kCPU)
+                                              : torch::zeros_like(group->owned_values(), torch::kCPU);
+    for (const Piece& piece : pieces_in_range(group->layout(), group->owned_range())) {
+      const std::string& name = group->members()[piece.slot].name;
+      shards.read(group->trainable() ? "master" : "frozen", name, piece.slot_offset,
+                  values.narrow(0, piece.range_offset, piece.numel));
+    }
+    owned_values.push_back(values);
   }
-  for (const auto& t : trainables_) {
-    if (!t.has_master()) continue;
-    auto it = tensors.find("master." + t.name);
-    DSCHAT_CHECK(it != tensors.end() && it->second.sizes() == t.master.sizes(), FormatError, state_file.string(),
-                 ": tensor 'master.", t.name, "' is missing or mis-shaped");
+  std::vector<torch::Tensor> ungrouped_values;
+  for (const auto& [name, param] : zero_->ungrouped()) {
+    check_shape(name, param.sizes().vec());
+    ungrouped_values.push_back(shards.full("frozen", name));
   }
-  DSCHAT_CHECK(tensors.count("rng.cpu"), FormatError, state_file.string(), ": tensor 'rng.cpu' is missing");
-  // AdamW::load_state_dict validates everything before it changes anything.
-  optimizer_->load_state_dict(optimizer_state_from(engine["optimizer"], tensors));
+  AdamWStateDict optimizer = zero_->adamw().state_dict();
+  optimizer.tensors.clear();
+  const auto optimizer_index = optimizer_index_by_name(optimizer);
+  for (const auto& piece : zero_->owned_pieces()) {
+    const std::string& name = piece.group->layout().slots[piece.slot].name;
+    const int64_t step = shards.step(name, piece.param_offset);
+    if (step == 0 || !shards.has("exp_avg", name)) continue;
+    const int64_t k = optimizer_index.at(name);
+    for (const char* field : {"exp_avg", "exp_avg_sq"}) {
+      torch::Tensor moment = torch::empty_like(piece.value);  // [numel] on the state device
+      shards.read(field, name, piece.param_offset, moment);
+      optimizer.tensors[state_key(k, field)] = moment;
+    }
+    optimizer.tensors[state_key(k, "step")] = torch::tensor(step, torch::kInt64);
+  }
+  std::map<std::string, torch::Tensor> buffers;
+  for (const auto& item : module_->named_buffers()) {
+    torch::Tensor saved = shards.rank_tensor(0, "buffer." + item.key());
+    DSCHAT_CHECK(saved.defined() && saved.sizes() == item.value().sizes(), FormatError, where, ": buffer '",
+                 item.key(), "' is missing or mis-shaped");
+    buffers[item.key()] = saved;
+  }
+  torch::Tensor rng = shards.rank_tensor(rank() < shards.saved_world_size() ? rank() : 0, "rng.cpu");
+  DSCHAT_CHECK(rng.defined(), FormatError, where, ": tensor 'rng.cpu' is missing");
+  zero_->adamw().load_state_dict(optimizer);  // validates before it changes anything
 
-  for (const auto& item : module_->named_parameters()) restore(item.value(), tensors, "module." + item.key(), state_file);
-  for (const auto& item : module_->named_buffers()) restore(item.value(), tensors, "module." + item.key(), state_file);
-  for (auto& t : trainables_) {
-    if (t.has_master()) restore(t.master, tensors, "master." + t.name, state_file);
-  }
-  scaler_.load_state_dict(engine["loss_scaler"], (root / "engine.json").string() + ": loss_scaler");
+  // Apply.
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < zero_->groups().size(); ++g) zero_->groups()[g]->load_owned(owned_values[g]);
+  for (size_t i = 0; i < zero_->ungrouped().size(); ++i) zero_->ungrouped()[i].second.copy_(ungrouped_values[i]);
+  for (const auto& item : module_->named_buffers()) item.value().copy_(buffers.at(item.key()));
+  zero_->publish_all();
+  scaler_.load_state_dict(engine["loss_scaler"], where + "/engine.json: loss_scaler");
   if (scheduler_ && !engine["lr_scheduler"].is_null()) {
-    scheduler_->load_state_dict(engine["lr_scheduler"], (root / "engine.json").string() + ": lr_scheduler");
+    scheduler_->load_state_dict(engine["lr_scheduler"], where + "/engine.json: lr_scheduler");
   }
+  apply_schedule();
   global_steps_ = engine["global_steps"].get<int64_t>();
   skipped_steps_ = engine["skipped_steps"].get<int64_t>();
-  micro_steps_ = engine["micro_steps"].get<int64_t>();
+  // Micro steps restart at this world's boundary: the saved count is in the saver's micro-batches.
+  micro_steps_ = global_steps_ * options_.config.gradient_accumulation_steps;
   {
     auto generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(tensors.at("rng.cpu").clone());
+    generator.set_state(rng.clone());
   }
-  zero_grads();
+  zero_->zero_gradients();
   return engine["client_state"];
 }
 

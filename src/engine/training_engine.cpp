@@ -4,12 +4,31 @@
 
 #include "core/log.h"
 #include "dschat/core/error.h"
+#include "engine/zero_optimizer.h"
 
 namespace dschat {
 namespace engine {
 namespace {
 
-bool needs_master(const torch::Tensor& param) { return param.scalar_type() != torch::kFloat32; }
+ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig& config,
+                         dist::Communicator* communicator) {
+  ZeroContext context;
+  context.communicator = communicator;
+  context.rank = communicator ? communicator->rank() : 0;
+  context.world_size = communicator ? communicator->world_size() : 1;
+  context.stage = config.zero.stage;
+  const auto params = module.parameters();
+  if (!params.empty()) context.model_device = params.front().device();
+  const ZeroConfig& zero = config.zero;
+  context.state_device = zero.offload_optimizer.enabled() ? torch::Device(torch::kCPU) : context.model_device;
+  context.param_store_device =
+      zero.stage == 3 && zero.offload_param.enabled() ? torch::Device(torch::kCPU) : context.model_device;
+  context.pin_memory = zero.offload_optimizer.pin_memory || zero.offload_param.pin_memory;
+  // DeepSpeed's bucket sizes count elements.
+  context.reduce_bucket_elements = zero.reduce_bucket_size;
+  context.allgather_bucket_elements = zero.allgather_bucket_size;
+  return context;
+}
 
 }  // namespace
 
@@ -17,55 +36,45 @@ TrainingEngine::TrainingEngine(std::shared_ptr<torch::nn::Module> module, Traini
     : module_(std::move(module)), options_(std::move(options)), scaler_(LossScaler::none()) {
   DSCHAT_CHECK(module_ != nullptr, InvalidArgument, "TrainingEngine: no module");
   const DeepSpeedConfig& config = options_.config;
-  DSCHAT_CHECK(config.zero.stage == 0, Unsupported, "TrainingEngine: ZeRO stage ", config.zero.stage,
-               " is not implemented yet (stage 0 only)");
-  DSCHAT_CHECK(config.train_batch_size == config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps,
-               Unsupported, "TrainingEngine: data parallelism (world size > 1) is not implemented yet");
-  if (!config.not_acted_on.empty()) {
+  const int64_t world = options_.communicator ? options_.communicator->world_size() : 1;
+  DSCHAT_CHECK(config.train_batch_size == config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps * world,
+               ConfigError, "TrainingEngine: train_batch_size ", config.train_batch_size,
+               " != train_micro_batch_size_per_gpu ", config.train_micro_batch_size_per_gpu,
+               " * gradient_accumulation_steps ", config.gradient_accumulation_steps, " * world size ", world,
+               " (parse the config for the communicator's world size)");
+  bool any_trainable = false;
+  for (const auto& param : module_->parameters()) any_trainable = any_trainable || param.requires_grad();
+  DSCHAT_CHECK(any_trainable, InvalidArgument, "TrainingEngine: the module has no trainable parameters");
+  if (!config.not_acted_on.empty() && rank() == 0) {
     std::string keys;
     for (const auto& key : config.not_acted_on) keys += (keys.empty() ? "" : ", ") + key;
     core::log_warn("DeepSpeed config keys accepted but not acted on by dschat: ", keys);
   }
   if (config.precision == Precision::kFp16) scaler_ = LossScaler::from_fp16_config(config.fp16_block, "fp16");
 
-  // Trainable parameters, with fp32 masters for reduced-precision ones; the optimizer groups are
-  // built over the masters under the module's parameter names (DeepSpeed-Chat's grouping rules).
-  std::vector<std::pair<std::string, torch::Tensor>> named_masters;
-  for (const auto& item : module_->named_parameters()) {
-    const torch::Tensor& param = item.value();
-    if (!param.requires_grad()) continue;
-    torch::Tensor master = param;
-    if (needs_master(param)) {
-      torch::NoGradGuard no_grad;
-      master = param.detach().to(torch::kFloat32).clone().set_requires_grad(true);  // same shape as param
-    }
-    trainables_.push_back({item.key(), param, master});
-    named_masters.emplace_back(item.key(), master);
-  }
-  DSCHAT_CHECK(!trainables_.empty(), InvalidArgument, "TrainingEngine: the module has no trainable parameters");
   const OptimizerConfig& opt = config.optimizer ? *config.optimizer : options_.optimizer;
-  AdamWOptions adam;
-  adam.betas = {opt.beta1, opt.beta2};
-  adam.eps = opt.eps;
-  adam.bias_correction = opt.bias_correction;
-  adam.adam_w_mode = opt.adam_w_mode;
-  optimizer_ = std::make_unique<AdamW>(
-      optimizer_grouped_parameters(named_masters, opt.lr, opt.weight_decay, options_.lora_learning_rate), adam);
+  zero_ = std::make_unique<ZeroOptimizer>(*module_, make_context(*module_, config, options_.communicator.get()),
+                                          config.zero, opt, options_.lora_learning_rate);
   if (options_.lr_schedule) {
     LrScheduleOptions schedule = *options_.lr_schedule;
     if (schedule.initial_lr == 0.0) schedule.initial_lr = opt.lr;
-    scheduler_.emplace(LrSchedule::create(schedule), optimizer_->group_lrs());
+    scheduler_.emplace(LrSchedule::create(schedule), zero_->adamw().group_lrs());
     apply_schedule();  // LambdaLR sets lr = base * lambda(0) at construction
   }
 }
 
-int64_t TrainingEngine::optimizer_state_bytes() const {
-  int64_t bytes = optimizer_->state_bytes();
-  for (const auto& t : trainables_) {
-    if (needs_master(t.param)) bytes += t.master.numel() * static_cast<int64_t>(t.master.element_size());
-  }
-  return bytes;
+TrainingEngine::~TrainingEngine() = default;
+
+int64_t TrainingEngine::rank() const { return options_.communicator ? options_.communicator->rank() : 0; }
+int64_t TrainingEngine::world_size() const {
+  return options_.communicator ? options_.communicator->world_size() : 1;
 }
+std::vector<double> TrainingEngine::learning_rates() const { return zero_->adamw().group_lrs(); }
+MemoryFootprint TrainingEngine::memory_footprint() const { return zero_->footprint(); }
+std::map<std::string, torch::Tensor> TrainingEngine::consolidated_parameters() {
+  return zero_->consolidated_parameters();
+}
+void TrainingEngine::release_gathered_parameters() { zero_->release_gathered(); }
 
 bool TrainingEngine::is_gradient_accumulation_boundary() const {
   return (micro_steps_ + 1) % options_.config.gradient_accumulation_steps == 0;
@@ -77,45 +86,15 @@ void TrainingEngine::backward(const torch::Tensor& loss) {
   if (options_.config.gradient_accumulation_steps > 1) scaled = scaled / options_.config.gradient_accumulation_steps;
   if (scaler_.scale() != 1.0) scaled = scaled * scaler_.scale();
   scaled.backward();
-  move_grads_to_masters();
-}
-
-void TrainingEngine::move_grads_to_masters() {
-  // fp32 accumulation for reduced-precision models: each micro-step's grad is added to the
-  // master's grad and dropped from the model.
-  torch::NoGradGuard no_grad;
-  for (auto& t : trainables_) {
-    if (!needs_master(t.param) || !t.param.grad().defined()) continue;
-    torch::Tensor grad = t.param.grad().to(torch::kFloat32);  // same shape as param
-    if (t.master.grad().defined()) {
-      t.master.mutable_grad().add_(grad);
-    } else {
-      t.master.mutable_grad() = grad;
-    }
-    t.param.mutable_grad() = torch::Tensor();
-  }
-}
-
-std::vector<torch::Tensor> TrainingEngine::master_grads() const {
-  std::vector<torch::Tensor> grads;
-  for (const auto& t : trainables_) {
-    if (t.master.grad().defined()) grads.push_back(t.master.grad());
-  }
-  return grads;
-}
-
-void TrainingEngine::zero_grads() {
-  for (auto& t : trainables_) {
-    t.param.mutable_grad() = torch::Tensor();
-    t.master.mutable_grad() = torch::Tensor();
-  }
+  zero_->after_backward();
 }
 
 void TrainingEngine::apply_schedule() {
   if (!scheduler_) return;
-  std::vector<double> lrs = optimizer_->group_lrs();
+  AdamW& adamw = zero_->adamw();
+  std::vector<double> lrs = adamw.group_lrs();
   scheduler_->apply(lrs);
-  for (size_t i = 0; i < lrs.size(); ++i) optimizer_->set_group_lr(i, lrs[i]);
+  for (size_t i = 0; i < lrs.size(); ++i) adamw.set_group_lr(i, lrs[i]);
 }
 
 bool TrainingEngine::step() {
@@ -123,8 +102,9 @@ bool TrainingEngine::step() {
   ++micro_steps_;
   if (!boundary) return false;
 
-  const std::vector<torch::Tensor> grads = master_grads();
-  const bool non_finite = has_inf_or_nan(grads);
+  zero_->reduce_at_boundary();
+  const double norm_squared = zero_->gradient_norm_squared();  // of the scaled gradients
+  const bool non_finite = !std::isfinite(norm_squared);
   bool skip = false;
   if (scaler_.checks_overflow()) {
     skip = scaler_.update(non_finite);  // fp16: overflow lowers the scale and skips the step
@@ -138,43 +118,38 @@ bool TrainingEngine::step() {
   if (skip) {
     last_grad_norm_ = -1.0;
     ++skipped_steps_;
-    zero_grads();
+    zero_->zero_gradients();
+    zero_->release_gathered();
     ++global_steps_;
     return false;
   }
 
   // Global L2 norm of the unscaled gradients (accumulated in double as DeepSpeed does), then one
   // multiply that unscales and clips: g *= min(1, clip / (norm + 1e-6)) / scale.
-  double squares = 0.0;
-  for (const auto& g : grads) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
-  const double norm = std::sqrt(squares) / scaler_.scale();
+  const double norm = std::sqrt(norm_squared) / scaler_.scale();
   last_grad_norm_ = norm;
   double factor = 1.0 / scaler_.scale();
   const double clip = options_.config.gradient_clipping;
   if (clip > 0 && norm + 1e-6 > clip) factor *= clip / (norm + 1e-6);
-  if (factor != 1.0) {
-    torch::NoGradGuard no_grad;
-    for (const auto& g : grads) g.mul_(factor);
-  }
+  if (factor != 1.0) zero_->scale_gradients(factor);
 
-  optimizer_->step();
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& t : trainables_) {
-      if (needs_master(t.param)) t.param.copy_(t.master);  // round the fp32 master into the model
-    }
-  }
-  zero_grads();
+  zero_->step();
+  zero_->zero_gradients();
   if (scheduler_) {
     scheduler_->step();
     apply_schedule();
   }
   ++global_steps_;
-  if (options_.config.steps_per_print > 0 && global_steps_ % options_.config.steps_per_print == 0) {
-    core::log_info_rank0("step ", global_steps_, ": lr ", optimizer_->group_lrs().front(), ", grad norm ", norm,
-                         scaler_.checks_overflow() ? ", loss scale " + std::to_string(scaler_.scale()) : "");
-  }
+  log_step(norm);
   return true;
+}
+
+void TrainingEngine::log_step(double grad_norm) const {
+  const int64_t every = options_.config.steps_per_print;
+  if (every <= 0 || global_steps_ % every != 0 || rank() != 0) return;
+  const std::vector<double> lrs = learning_rates();
+  core::log_info("step ", global_steps_, ": lr ", lrs.empty() ? 0.0 : lrs.front(), ", grad norm ", grad_norm,
+                 scaler_.checks_overflow() ? ", loss scale " + std::to_string(scaler_.scale()) : "");
 }
 
 }  // namespace engine

@@ -179,13 +179,38 @@ TEST(TrainingEngine, NonFiniteLossSkipsOrStopsAsConfigured) {
 }
 
 TEST(TrainingEngine, UnimplementedSettingsAreRefused) {
+  // Stage 3 gathers parameters layer by layer, so it needs a model built on a dschat backbone.
   EXPECT_THROW_WITH(engine::TrainingEngine(tiny_model(), options_for({{"train_batch_size", 4},
-                                                                      {"zero_optimization", {{"stage", 2}}}}, 0, 5)),
-                    core::Unsupported, "ZeRO stage 2 is not implemented yet");
+                                                                      {"zero_optimization", {{"stage", 3}}}}, 0, 5)),
+                    core::Unsupported, "needs a model built on a dschat decoder backbone");
   auto frozen = tiny_model();
   for (auto& p : frozen->parameters()) p.set_requires_grad(false);
   EXPECT_THROW_WITH(engine::TrainingEngine(frozen, options_for({{"train_batch_size", 4}}, 0, 5)),
                     core::InvalidArgument, "no trainable parameters");
+  // A config parsed for 2 ranks cannot drive a world of one.
+  engine::TrainingEngineOptions two_ranks = options_for({{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", 4}}, 0, 5);
+  two_ranks.config = engine::DeepSpeedConfig::parse({{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", 4}}, 2, "test");
+  EXPECT_THROW_WITH(engine::TrainingEngine(tiny_model(), two_ranks), core::ConfigError, "world size 1");
+}
+
+TEST(TrainingEngine, StagesOneAndTwoInOneProcessMatchStageZero) {
+  // In a world of one, partitioning changes nothing but the code path: same values bit for bit.
+  auto data = batches(6, 4);
+  std::vector<torch::Tensor> finals;
+  for (int stage : {0, 1, 2}) {
+    auto model = tiny_model();
+    torch::nn::Sequential seq(model);
+    json ds = {{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_clipping", 0.5},
+               {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50}, {"allgather_bucket_size", 30}}}};
+    engine::TrainingEngine engine(model, options_for(ds, 1, 3));
+    for (const auto& b : data) {
+      engine.backward(mse(seq, b));
+      engine.step();
+    }
+    finals.push_back(torch::cat({model->parameters()[0].flatten(), model->parameters()[3].flatten()}));
+  }
+  EXPECT_TRUE(torch::equal(finals[0], finals[1]));
+  EXPECT_TRUE(torch::equal(finals[0], finals[2]));
 }
 
 }  // namespace
@@ -270,13 +295,13 @@ TEST(TrainingEngineCheckpoint, CorruptOrPartialCheckpointsAreRefusedAndThePrevio
   engine.save_checkpoint(tmp.path());
   run_steps(engine, seq, data, 2, 3);
   // A save that dies half way (simulated: a staging dir left behind, latest untouched).
-  std::filesystem::create_directories(tmp / ".tmp-global_step3-1");
-  std::ofstream(tmp / ".tmp-global_step3-1" / "state.safetensors") << "partial";
+  std::filesystem::create_directories(tmp / ".tmp-global_step3");
+  std::ofstream(tmp / ".tmp-global_step3" / "rank0.safetensors") << "partial";
   EXPECT_EQ(engine.load_checkpoint(tmp.path()), json::object());
   EXPECT_EQ(engine.global_steps(), 2);
 
   // Flip one byte of the saved state: the checksum catches it before anything is restored.
-  auto file = tmp / "global_step2" / "state.safetensors";
+  auto file = tmp / "global_step2" / "rank0.safetensors";
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-3, std::ios::end);
@@ -297,7 +322,7 @@ TEST(TrainingEngineCheckpoint, CorruptOrPartialCheckpointsAreRefusedAndThePrevio
   engine::TrainingEngine wide_engine(wide, options_for(ds, 0, 8));
   run_steps(wide_engine, wide_seq, data, 0, 1);
   wide_engine.save_checkpoint(other.path());
-  EXPECT_THROW_WITH(engine.load_checkpoint(other.path()), core::FormatError, "'module.0.weight' is missing or mis-shaped");
+  EXPECT_THROW_WITH(engine.load_checkpoint(other.path()), core::FormatError, "tensor '0.weight' has shape [32, 8], the model's is [16, 8]");
 }
 
 }  // namespace

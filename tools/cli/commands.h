@@ -12,6 +12,8 @@ void add_forward_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_make_demo_data_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 }  // namespace cli
 }  // namespace dschat

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   dschat::cli::add_generate_command(app);
   dschat::cli::add_tokenize_command(app);
   dschat::cli::add_make_demo_data_command(app);
+  dschat::cli::add_launch_command(app);
+  dschat::cli::add_export_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

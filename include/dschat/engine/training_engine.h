@@ -12,21 +12,38 @@
 //
 // Precision: fp32 models train in place. bf16/fp16 models get fp32 master copies of their
 // trainable parameters and fp32 gradient accumulators (DeepSpeed's BF16_Optimizer / fp16 path).
-// This process is the whole data-parallel world for now: ZeRO stages > 0 and world sizes > 1 are
-// refused with core::Unsupported until the c10d engine lands.
+//
+// Data parallelism and ZeRO (docs/engine.md): with a dist::Communicator of N ranks, each rank
+// feeds its own micro-batches and the gradients are averaged over ranks. The trainable parameters
+// are flattened into contiguous buffers (the module's tensors become views of them) and:
+//   stage 0  gradients all-reduced at the accumulation boundary; every rank steps everything
+//   stage 1  gradients reduce-scattered at the boundary; each rank steps its 1/N of the fp32
+//            state, then the parameters are all-gathered
+//   stage 2  as 1, but gradients are reduce-scattered after every backward, so a rank keeps only
+//            its 1/N of them between micro-steps
+//   stage 3  as 2, and each decoder layer's parameters are partitioned too: gathered just before
+//            the layer runs (forward, and its recompute in backward) and released after; the
+//            parameters outside the layers (embeddings, final norm, heads) are gathered at the
+//            first forward after a step and released at the step. Needs a model with a
+//            models::Backbone (CausalLM, ValueHeadModel).
+// Collectives are bucketed by reduce_bucket_size / allgather_bucket_size. offload_optimizer
+// keeps the fp32 partition, its gradients and the moments on the CPU (pinned on CUDA builds) and
+// steps them with the CPU AdamW; offload_param keeps stage 3's parameter partitions there.
 
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "dschat/engine/adamw.h"
+#include "dschat/dist/process_group.h"
 #include "dschat/engine/ds_config.h"
 #include "dschat/engine/loss_scaler.h"
 #include "dschat/engine/lr_schedule.h"
+#include "dschat/engine/zero_partition.h"
 
 namespace dschat {
 namespace engine {
@@ -39,13 +56,21 @@ struct TrainingEngineOptions {
   /// HF-style schedule (DeepSpeed-Chat's --lr_scheduler_type); nullopt keeps the lr constant.
   std::optional<LrScheduleOptions> lr_schedule;
   double lora_learning_rate = 5e-4;
+  /// The data-parallel ranks; null is a world of one. The config's batch sizes must have been
+  /// parsed for its world size.
+  std::shared_ptr<dist::Communicator> communicator;
 };
+
+class ZeroOptimizer;
 
 class TrainingEngine {
  public:
   /// Throws core::ConfigError / core::Unsupported for settings it cannot honour, and
   /// core::InvalidArgument when the module has no trainable parameters.
+  /// Collective when the communicator has several ranks: every rank constructs its engine over
+  /// the same model architecture; rank 0's parameter values are broadcast to the others.
   TrainingEngine(std::shared_ptr<torch::nn::Module> module, TrainingEngineOptions options);
+  ~TrainingEngine();
 
   torch::nn::Module& module() { return *module_; }
   const DeepSpeedConfig& config() const { return options_.config; }
@@ -65,40 +90,49 @@ class TrainingEngine {
   double loss_scale() const { return scaler_.scale(); }
   /// L2 norm of the unscaled gradients at the last boundary (-1 when they were not finite).
   double last_grad_norm() const { return last_grad_norm_; }
-  std::vector<double> learning_rates() const { return optimizer_->group_lrs(); }
+  std::vector<double> learning_rates() const;
   /// Bytes this rank holds for optimizer state (Adam moments) and fp32 master copies.
-  int64_t optimizer_state_bytes() const;
+  int64_t optimizer_state_bytes() const { return memory_footprint().optimizer_bytes; }
+  /// What this rank holds now for the trainable and frozen parameters of the module (model
+  /// dtype, resident or gathered), their gradients (accumulators and partitions) and the
+  /// optimizer (moments, fp32 masters).
+  MemoryFootprint memory_footprint() const;
+  int64_t rank() const;
+  int64_t world_size() const;
 
-  /// Saves the full training state under <dir>/<tag>/ (weights, fp32 masters, optimizer moments
-  /// and step counts, LR schedule, loss scaler, RNG state, step counters, `client_state` such as
-  /// the data-loader position) with a manifest of SHA-256 checksums. The files are written into
-  /// a temporary directory that is renamed into place, then <dir>/latest is replaced atomically:
-  /// a crash at any point leaves the previous checkpoint loadable. Only at an accumulation
-  /// boundary (core::InvalidArgument otherwise). An empty tag means "global_step<N>".
+  /// Collective: the full parameters by module name, in the model dtype, on every rank (ZeRO-3
+  /// partitions are gathered). For saving a Hugging Face checkpoint during training.
+  std::map<std::string, torch::Tensor> consolidated_parameters();
+  /// ZeRO-3: frees the parameters gathered since the last step (those outside the decoder
+  /// layers). A no-op at other stages. Call after an evaluation loop to return to the step's
+  /// memory level.
+  void release_gathered_parameters();
+
+  /// Collective. Saves the full training state under <dir>/<tag>/ (fp32 parameters, optimizer
+  /// moments and step counts, frozen parameters, LR schedule, loss scaler, RNG states, step
+  /// counters, `client_state` such as the data-loader position): each rank writes the pieces
+  /// of the parameters it owns (rank<r>.safetensors + rank<r>.json), rank 0 the engine state
+  /// and a manifest of SHA-256 checksums of every file. The files are written into a temporary
+  /// directory that rank 0 renames into place, then <dir>/latest is replaced atomically: a crash
+  /// at any point leaves the previous checkpoint loadable. `dir` must be shared by the ranks.
+  /// Only at an accumulation boundary (core::InvalidArgument otherwise). An empty tag means
+  /// "global_step<N>".
   void save_checkpoint(const std::filesystem::path& dir, std::string tag = "",
                        const nlohmann::json& client_state = nlohmann::json::object());
-  /// Restores a checkpoint of this same model and configuration (tag empty: <dir>/latest) and
-  /// returns its client_state. Throws core::NotFound, core::FormatError (checksum mismatch,
-  /// missing or mis-shaped tensor, naming the file and tensor) before anything is modified.
+  /// Collective. Restores a checkpoint of the same model (tag empty: <dir>/latest) and returns its
+  /// client_state. It may have been saved by any number of ranks at any ZeRO stage: each rank
+  /// reads the pieces that overlap what it owns now. Throws core::NotFound, core::FormatError
+  /// (checksum mismatch, missing or mis-shaped tensor, naming the file and tensor) before anything
+  /// is modified.
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
 
  private:
-  struct Trainable {
-    std::string name;
-    torch::Tensor param;   // the module's parameter (any dtype)
-    torch::Tensor master;  // fp32 copy when param is bf16/fp16, else the same tensor as param
-    bool has_master() const { return !param.is_same(master); }
-  };
-
-  void move_grads_to_masters();
-  std::vector<torch::Tensor> master_grads() const;
-  void zero_grads();
   void apply_schedule();
+  void log_step(double grad_norm) const;
 
   std::shared_ptr<torch::nn::Module> module_;
   TrainingEngineOptions options_;
-  std::vector<Trainable> trainables_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   std::optional<LrScheduler> scheduler_;
   LossScaler scaler_;
   int64_t micro_steps_ = 0;

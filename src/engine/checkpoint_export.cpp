@@ -1,0 +1,77 @@
+#include "dschat/engine/checkpoint_export.h"
+
+#include "dschat/core/error.h"
+#include "dschat/engine/checkpoint_shards.h"
+#include "dschat/io/state_dict.h"
+
+namespace dschat {
+namespace engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kRight = ".lora_right_weight";
+const std::string kLeft = ".lora_left_weight";
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// W [out, in] += scale * (right [in, r] @ left [r, out])^T, DeepSpeed-Chat's fuse_lora_weight.
+void fuse_adapters(std::map<std::string, torch::Tensor>& params, const nlohmann::json& scales, const fs::path& where) {
+  std::vector<std::string> prefixes;
+  for (const auto& [name, tensor] : params) {
+    if (ends_with(name, kRight)) prefixes.push_back(name.substr(0, name.size() - kRight.size()));
+  }
+  for (const std::string& prefix : prefixes) {
+    DSCHAT_CHECK(params.count(prefix + kLeft) && params.count(prefix + ".weight"), FormatError, where.string(),
+                 ": LoRA adapter '", prefix, "' lacks its left weight or its base weight");
+    DSCHAT_CHECK(scales.contains(prefix), FormatError, where.string(), "/engine.json: no LoRA scale recorded for '",
+                 prefix, "'");
+    const double scale = scales[prefix].get<double>();
+    torch::Tensor& weight = params[prefix + ".weight"];  // [out, in]
+    const torch::Tensor right = params[prefix + kRight].to(torch::kFloat32);  // [in, r]
+    const torch::Tensor left = params[prefix + kLeft].to(torch::kFloat32);    // [r, out]
+    weight = (weight.to(torch::kFloat32) + scale * torch::matmul(left.t(), right.t())).to(weight.scalar_type());
+    params.erase(prefix + kRight);
+    params.erase(prefix + kLeft);
+  }
+}
+
+}  // namespace
+
+std::map<std::string, torch::Tensor> consolidate_checkpoint(const fs::path& checkpoint_dir, const std::string& tag,
+                                                            const ExportOptions& options) {
+  const std::string chosen = tag.empty() ? latest_checkpoint_tag(checkpoint_dir) : tag;
+  const CheckpointShards shards = CheckpointShards::open(checkpoint_dir / chosen);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& [name, info] : shards.params()) {
+    params[name] = shards.full(info.trainable ? "master" : "frozen", name);
+  }
+  if (options.fuse_lora) fuse_adapters(params, shards.engine_state().value("lora_scales", nlohmann::json::object()),
+                                       shards.path());
+  for (auto& [name, tensor] : params) tensor = tensor.to(options.dtype).contiguous();
+  return params;
+}
+
+int64_t export_hf_checkpoint(const fs::path& checkpoint_dir, const std::string& tag, const fs::path& out_dir,
+                             const ExportOptions& options) {
+  std::map<std::string, torch::Tensor> params = consolidate_checkpoint(checkpoint_dir, tag, options);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  DSCHAT_CHECK(!ec, IoError, out_dir.string(), ": cannot create (", ec.message(), ")");
+  io::save_state_dict(out_dir, io::TensorMap(params.begin(), params.end()), options.max_shard_bytes);
+  if (!options.model_dir.empty()) {
+    for (const char* file : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                             "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}) {
+      const fs::path source = options.model_dir / file;
+      if (!fs::exists(source)) continue;
+      fs::copy_file(source, out_dir / file, fs::copy_options::overwrite_existing, ec);
+      DSCHAT_CHECK(!ec, IoError, source.string(), ": cannot copy to ", out_dir.string(), " (", ec.message(), ")");
+    }
+  }
+  return static_cast<int64_t>(params.size());
+}
+
+}  // namespace engine
+}  // namespace dschat

@@ -1,0 +1,237 @@
+#include "engine/flat_group.h"
+
+#include "dschat/core/error.h"
+
+namespace dschat {
+namespace engine {
+namespace {
+
+int64_t bytes_of(const torch::Tensor& tensor) {
+  return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+}
+
+}  // namespace
+
+FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> members, bool trainable,
+                                       bool partition_params, const ZeroContext& context)
+    : label_(std::move(label)),
+      members_(std::move(members)),
+      trainable_(trainable),
+      partition_params_(partition_params),
+      context_(context) {
+  DSCHAT_CHECK(!members_.empty(), InvalidArgument, "ZeRO group '", label_, "' has no parameters");
+  dtype_ = members_.front().param.scalar_type();
+  std::vector<std::pair<std::string, int64_t>> numels;
+  for (const Member& member : members_) {
+    DSCHAT_CHECK(member.param.scalar_type() == dtype_ && member.param.device() == context_.model_device,
+                 InvalidArgument, "ZeRO group '", label_, "': parameter '", member.name, "' is ",
+                 member.param.scalar_type(), " on ", member.param.device(), ", the group is ", dtype_, " on ",
+                 context_.model_device);
+    shapes_.push_back(member.param.sizes().vec());
+    numels.emplace_back(member.name, member.param.numel());
+  }
+  // Stage 0 replicates the optimizer state: a world of one owns the whole buffer on every rank.
+  const int64_t owner_world = context_.stage == 0 ? 1 : context_.world_size;
+  owner_rank_ = context_.stage == 0 ? 0 : context_.rank;
+  layout_ = plan_flat_layout(numels, owner_world);
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = torch::zeros({layout_.padded_numel}, torch::dtype(dtype_).device(context_.model_device));  // [padded]
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const FlatSlot& slot = layout_.slots[i];
+    flat.narrow(0, slot.offset, slot.numel).copy_(members_[i].param.detach().reshape({-1}));
+  }
+  const ElementRange owned = owned_range();
+  if (partition_params_) {
+    param_partition_ = torch::empty({owned.size()}, torch::dtype(dtype_).device(context_.param_store_device)
+                                                        .pinned_memory(context_.pin_memory &&
+                                                                       context_.param_store_device.is_cpu() &&
+                                                                       context_.model_device.is_cuda()));
+    param_partition_.copy_(flat.narrow(0, owned.begin, owned.size()));
+    point_members_at_nothing();
+  } else {
+    flat_params_ = flat;
+    point_members_at(flat_params_);
+  }
+  if (trainable_) {
+    torch::Tensor source = owned_values();  // [owned]
+    if (dtype_ == torch::kFloat32 && source.device() == context_.state_device) {
+      master_ = source;  // fp32 models step their own values in place
+    } else {
+      master_ = new_state_tensor(owned.size());
+      master_.copy_(source);
+    }
+  }
+}
+
+torch::Tensor FlatParameterGroup::new_state_tensor(int64_t numel) const {
+  const bool pin = context_.pin_memory && context_.state_device.is_cpu() && context_.model_device.is_cuda();
+  return torch::zeros({numel}, torch::dtype(torch::kFloat32).device(context_.state_device).pinned_memory(pin));
+}
+
+void FlatParameterGroup::point_members_at(const torch::Tensor& flat) {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const FlatSlot& slot = layout_.slots[i];
+    members_[i].param.set_data(flat.narrow(0, slot.offset, slot.numel).view(shapes_[i]));
+  }
+}
+
+void FlatParameterGroup::point_members_at_nothing() {
+  torch::Tensor nothing = torch::empty({0}, torch::dtype(dtype_).device(context_.model_device));  // [0]
+  for (Member& member : members_) member.param.set_data(nothing);
+}
+
+void FlatParameterGroup::gather() {
+  begin_gather();
+  finish_gather();
+}
+
+void FlatParameterGroup::begin_gather() {
+  if (!partition_params_ || gathered() || gather_pending()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t world = owner_world();
+  const int64_t part = layout_.partition_numel();
+  pending_flat_ = torch::empty({layout_.padded_numel}, torch::dtype(dtype_).device(context_.model_device));
+  pending_source_ = param_partition_.to(context_.model_device, /*non_blocking=*/true);
+  if (world == 1) {
+    pending_flat_.copy_(pending_source_);
+    return;
+  }
+  for (const ElementRange& columns : partition_column_buckets(layout_, context_.allgather_bucket_elements)) {
+    PendingBucket bucket;
+    bucket.columns = columns;
+    if (columns.size() == part) {
+      bucket.work.emplace(context_.communicator->start_all_gather_into(pending_flat_, pending_source_));
+    } else {
+      bucket.landing = torch::empty({world, columns.size()}, pending_flat_.options());
+      bucket.source = pending_source_.narrow(0, columns.begin, columns.size()).contiguous();
+      bucket.work.emplace(context_.communicator->start_all_gather_into(bucket.landing, bucket.source));
+    }
+    pending_buckets_.push_back(std::move(bucket));
+  }
+}
+
+void FlatParameterGroup::finish_gather() {
+  if (!gather_pending()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t part = layout_.partition_numel();
+  torch::Tensor rows = pending_flat_.view({owner_world(), part});  // [world, part]: row r is rank r's partition
+  for (PendingBucket& bucket : pending_buckets_) {
+    bucket.work->wait();
+    if (bucket.landing.defined()) rows.narrow(1, bucket.columns.begin, bucket.columns.size()).copy_(bucket.landing);
+  }
+  pending_buckets_.clear();
+  pending_source_ = torch::Tensor();
+  flat_params_ = std::move(pending_flat_);
+  pending_flat_ = torch::Tensor();
+  point_members_at(flat_params_);
+}
+
+void FlatParameterGroup::release() {
+  finish_gather();
+  if (!partition_params_ || !gathered()) return;
+  point_members_at_nothing();
+  flat_params_ = torch::Tensor();
+}
+
+void FlatParameterGroup::accumulate_gradients() {
+  if (!trainable_) return;
+  torch::NoGradGuard no_grad;
+  if (!flat_grad_.defined()) {
+    flat_grad_ = torch::zeros({layout_.padded_numel}, torch::dtype(torch::kFloat32).device(context_.model_device));
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    torch::Tensor& grad = members_[i].param.mutable_grad();
+    if (!grad.defined()) continue;
+    const FlatSlot& slot = layout_.slots[i];
+    flat_grad_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+    grad = torch::Tensor();
+  }
+}
+
+void FlatParameterGroup::reduce_gradients() {
+  if (!trainable_) return;
+  torch::NoGradGuard no_grad;
+  accumulate_gradients();  // every rank reduces, with zeros where it had no gradient
+  const int64_t world = context_.world_size;
+  if (owner_world() == 1) {  // stage 0: average the whole buffer over the data-parallel ranks
+    if (world == 1) return;
+    for (const ElementRange& chunk : split_into_chunks(layout_.padded_numel, context_.reduce_bucket_elements)) {
+      torch::Tensor part = flat_grad_.narrow(0, chunk.begin, chunk.size());
+      context_.communicator->all_reduce(part, dist::ReduceOp::Avg);
+    }
+    return;
+  }
+  const int64_t part = layout_.partition_numel();
+  if (!grad_partition_.defined()) grad_partition_ = new_state_tensor(part);
+  torch::Tensor rows = flat_grad_.view({world, part});  // [world, part]: row r goes to rank r
+  for (const ElementRange& columns : partition_column_buckets(layout_, context_.reduce_bucket_elements)) {
+    torch::Tensor input = columns.size() == part ? rows : rows.narrow(1, columns.begin, columns.size()).contiguous();
+    torch::Tensor reduced = torch::empty({columns.size()}, flat_grad_.options());  // [columns]: sum over ranks
+    context_.communicator->reduce_scatter(reduced, input);
+    reduced.div_(static_cast<double>(world));
+    grad_partition_.narrow(0, columns.begin, columns.size()).add_(reduced.to(context_.state_device));
+  }
+  // Stages 2-3 keep only their partition of the gradients; stage 1 reuses the buffer next step.
+  if (context_.stage >= 2) flat_grad_ = torch::Tensor();
+}
+
+torch::Tensor FlatParameterGroup::owned_gradients() const {
+  if (owner_world() == 1) return flat_grad_;  // stage 0: the whole (averaged) buffer
+  return grad_partition_;
+}
+
+torch::Tensor FlatParameterGroup::owned_values() const {
+  if (partition_params_) return param_partition_;
+  const ElementRange owned = owned_range();
+  return flat_params_.narrow(0, owned.begin, owned.size());
+}
+
+void FlatParameterGroup::publish_master() {
+  if (!trainable_) return;
+  torch::NoGradGuard no_grad;
+  DSCHAT_CHECK(!partition_params_ || !gathered(), Error, "ZeRO group '", label_,
+               "': parameters must be released before the optimizer step");
+  torch::Tensor values = owned_values();  // [owned]
+  if (!master_.is_alias_of(values)) values.copy_(master_);
+  if (partition_params_ || owner_world() == 1) return;
+  // Replicated groups of stages 1-2: every rank fetches the others' updated partitions.
+  const int64_t world = owner_world();
+  const int64_t part = layout_.partition_numel();
+  torch::Tensor rows = flat_params_.view({world, part});  // [world, part]
+  for (const ElementRange& columns : partition_column_buckets(layout_, context_.allgather_bucket_elements)) {
+    torch::Tensor mine = values.narrow(0, columns.begin, columns.size()).clone();    // [columns]
+    torch::Tensor gathered = torch::empty({world, columns.size()}, flat_params_.options());  // [world, columns]
+    context_.communicator->all_gather_into(gathered, mine);
+    rows.narrow(1, columns.begin, columns.size()).copy_(gathered);
+  }
+}
+
+void FlatParameterGroup::zero_gradients() {
+  // Stages 0-1 keep their flat gradient buffer from step to step (zero-filled, not reallocated);
+  // stages 2-3 hold no full gradients between backward passes.
+  if (flat_grad_.defined()) flat_grad_.zero_();
+  grad_partition_ = torch::Tensor();
+  for (Member& member : members_) member.param.mutable_grad() = torch::Tensor();
+}
+
+void FlatParameterGroup::load_owned(const torch::Tensor& values) {
+  torch::NoGradGuard no_grad;
+  if (trainable_) {
+    master_.copy_(values);
+  } else {
+    owned_values().copy_(values);
+  }
+}
+
+MemoryFootprint FlatParameterGroup::footprint() const {
+  MemoryFootprint bytes;
+  bytes.parameter_bytes = bytes_of(flat_params_) + bytes_of(pending_flat_) + bytes_of(param_partition_);
+  bytes.gradient_bytes = bytes_of(flat_grad_) + bytes_of(grad_partition_);
+  for (const Member& member : members_) bytes.gradient_bytes += bytes_of(member.param.grad());
+  if (master_.defined() && !master_.is_alias_of(owned_values())) bytes.optimizer_bytes = bytes_of(master_);
+  return bytes;
+}
+
+}  // namespace engine
+}  // namespace dschat

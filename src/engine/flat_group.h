@@ -1,0 +1,131 @@
+#pragma once
+// One flat group of parameters under ZeRO (internal to the training engine).
+//
+// The members' values live back to back in one flat buffer laid out by plan_flat_layout for the
+// "owner world" (1 at stage 0: every rank owns everything; the data-parallel world at stages
+// 1-3). Each member tensor becomes a view of that buffer (param.set_data), so the module keeps
+// its Variables and autograd identity. A rank owns the range owned_range() of the buffer: its
+// fp32 master values and gradients exist only for that range.
+//
+// Replicated groups keep the flat buffer materialised (stages 0-2, and stage 3's persistent
+// small parameters). Partitioned groups (stage 3) keep only their owned range in
+// param_partition_ and materialise the flat buffer between gather() and release().
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dschat/dist/process_group.h"
+#include "dschat/engine/zero_partition.h"
+
+namespace dschat {
+namespace engine {
+
+/// What every group of one engine shares.
+struct ZeroContext {
+  dist::Communicator* communicator = nullptr;  // null: a world of one
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int stage = 0;
+  torch::Device model_device = torch::kCPU;
+  torch::Device state_device = torch::kCPU;        // fp32 masters, moments, gradient partitions
+  torch::Device param_store_device = torch::kCPU;  // stage 3's parameter partitions
+  bool pin_memory = false;                         // CPU-side state of a CUDA model
+  int64_t reduce_bucket_elements = 500000000;
+  int64_t allgather_bucket_elements = 500000000;
+};
+
+class FlatParameterGroup {
+ public:
+  struct Member {
+    std::string name;
+    torch::Tensor param;  // the module's Variable; its data is re-pointed into the flat buffer
+  };
+
+  /// Collective for partitioned groups only in the sense that every rank must build the same
+  /// groups in the same order. Members must share one dtype and device.
+  FlatParameterGroup(std::string label, std::vector<Member> members, bool trainable, bool partition_params,
+                     const ZeroContext& context);
+
+  const std::string& label() const { return label_; }
+  const std::vector<Member>& members() const { return members_; }
+  /// The i-th member's shape (its tensor is empty while a partitioned group is released).
+  const std::vector<int64_t>& member_shape(size_t i) const { return shapes_[i]; }
+  const FlatLayout& layout() const { return layout_; }
+  bool trainable() const { return trainable_; }
+  bool partitioned() const { return partition_params_; }
+  /// This rank's range of the flat buffer.
+  ElementRange owned_range() const { return layout_.partition(owner_rank_); }
+
+  /// Partitioned groups: collective all-gather that materialises every member (no-op when
+  /// already gathered). release() points the members at empty tensors again.
+  void gather();
+  void release();
+  bool gathered() const { return flat_params_.defined(); }
+  /// gather() in two halves, so the all-gather runs while the caller computes (prefetch):
+  /// begin_gather() starts it, finish_gather() waits and materialises. gather() and release()
+  /// finish a pending one first.
+  void begin_gather();
+  void finish_gather();
+  bool gather_pending() const { return pending_flat_.defined(); }
+
+  /// Moves the members' .grad() into the fp32 flat gradient buffer (adding) and drops them.
+  void accumulate_gradients();
+  /// Collective: stage 0 all-reduces (averages) the flat gradients in place; stages 1-3
+  /// reduce-scatter them (averaged) into the owned gradient partition (adding) and free them.
+  void reduce_gradients();
+  /// [owned] fp32 gradients of the owned range (undefined before any gradient).
+  torch::Tensor owned_gradients() const;
+  /// [owned] fp32 master values of the owned range (trainable groups).
+  torch::Tensor master() const { return master_; }
+  /// Collective: writes the owned master values back into the parameters (cast to the model
+  /// dtype); replicated groups of stages 1-3 then all-gather the flat buffer.
+  void publish_master();
+  void zero_gradients();
+
+  /// [owned] values in the model dtype: the partition of partitioned groups, else a view of the
+  /// flat buffer. For checkpoints of frozen groups.
+  torch::Tensor owned_values() const;
+  /// Loads owned master values (trainable) or owned values (frozen) from `values` [owned].
+  void load_owned(const torch::Tensor& values);
+
+  MemoryFootprint footprint() const;
+
+ private:
+  int64_t owner_world() const { return layout_.world_size; }
+  void point_members_at(const torch::Tensor& flat);
+  void point_members_at_nothing();
+  torch::Tensor new_state_tensor(int64_t numel) const;
+
+  std::string label_;
+  std::vector<Member> members_;
+  std::vector<std::vector<int64_t>> shapes_;
+  bool trainable_;
+  bool partition_params_;
+  ZeroContext context_;
+  FlatLayout layout_;
+  int64_t owner_rank_ = 0;
+  torch::ScalarType dtype_;
+  torch::Tensor flat_params_;      // [padded] model dtype on the model device; undefined when released
+  torch::Tensor param_partition_;  // [owned] model dtype on the param store device (partitioned only)
+  torch::Tensor master_;           // [owned] fp32; a view of flat_params_/param_partition_ when they are fp32 on the state device
+  torch::Tensor flat_grad_;        // [padded] fp32 on the model device, between backward and reduction
+  torch::Tensor grad_partition_;   // [owned] fp32 on the state device (stages 1-3)
+  // An all-gather in flight: the buffer it fills, the source it reads, and per bucket the
+  // columns, the [world, columns] landing tensor (undefined when it lands in pending_flat_
+  // directly) and the handle.
+  torch::Tensor pending_flat_;    // [padded]
+  torch::Tensor pending_source_;  // [owned]
+  struct PendingBucket {
+    ElementRange columns;
+    torch::Tensor landing;  // [world, columns]
+    torch::Tensor source;   // [columns], kept alive until the collective completes
+    std::optional<dist::PendingCollective> work;
+  };
+  std::vector<PendingBucket> pending_buckets_;
+};
+
+}  // namespace engine
+}  // namespace dschat

@@ -1,0 +1,257 @@
+#include "engine/zero_optimizer.h"
+
+#include <set>
+#include <unordered_map>
+
+#include "dschat/core/error.h"
+#include "dschat/engine/param_groups.h"
+#include "dschat/models/backbone.h"
+#include "engine/zero3_hooks.h"
+
+namespace dschat {
+namespace engine {
+namespace {
+
+using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Every parameter once (tied weights are registered once but may be reached twice), in
+// registration order.
+NamedParams unique_parameters(torch::nn::Module& module) {
+  NamedParams params;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters()) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) params.emplace_back(item.key(), item.value());
+  }
+  return params;
+}
+
+std::shared_ptr<models::Backbone> find_backbone(torch::nn::Module& module) {
+  std::shared_ptr<models::Backbone> found;
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    auto backbone = std::dynamic_pointer_cast<models::Backbone>(child);
+    if (!backbone) continue;
+    DSCHAT_CHECK(!found, Unsupported, "ZeRO stage 3: the model holds more than one decoder backbone");
+    found = backbone;
+  }
+  DSCHAT_CHECK(found, Unsupported, "ZeRO stage 3 needs a model built on a dschat decoder backbone (CausalLM, "
+               "ValueHeadModel): it gathers each decoder layer's parameters around the layer");
+  return found;
+}
+
+// Splits members by dtype so every flat group has one element type.
+std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> by_dtype(const NamedParams& params) {
+  std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> split;
+  for (const auto& [name, param] : params) split[param.scalar_type()].push_back({name, param});
+  return split;
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& context, const ZeroConfig& zero,
+                             const OptimizerConfig& optimizer, double lora_learning_rate)
+    : context_(context) {
+  if (context_.world_size > 1) {
+    // DeepSpeed's _broadcast_model: every rank starts from rank 0's values.
+    torch::NoGradGuard no_grad;
+    for (auto& [name, param] : unique_parameters(module)) {
+      torch::Tensor values = param.detach();
+      context_.communicator->broadcast(values, 0);
+    }
+    for (auto& item : module.named_buffers()) {
+      torch::Tensor values = item.value();
+      context_.communicator->broadcast(values, 0);
+    }
+  }
+  build_groups(module, zero);
+  build_optimizer(optimizer, lora_learning_rate);
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  if (backbone_ && backbone_->layer_parameter_hooks() == hooks_.get()) backbone_->set_layer_parameter_hooks(nullptr);
+}
+
+void ZeroOptimizer::build_groups(torch::nn::Module& module, const ZeroConfig& zero) {
+  const NamedParams params = unique_parameters(module);
+  auto add_groups = [&](const std::string& label, const NamedParams& members, bool trainable, bool partitioned) {
+    std::vector<FlatParameterGroup*> added;
+    for (auto& [dtype, group_members] : by_dtype(members)) {
+      groups_.push_back(std::make_unique<FlatParameterGroup>(label + "/" + std::string(c10::toString(dtype)),
+                                                             std::move(group_members), trainable, partitioned,
+                                                             context_));
+      added.push_back(groups_.back().get());
+    }
+    return added;
+  };
+
+  if (context_.stage < 3) {
+    NamedParams trainable;
+    for (const auto& item : params) (item.second.requires_grad() ? trainable : ungrouped_).push_back(item);
+    add_groups("params", trainable, true, false);
+    return;
+  }
+
+  backbone_ = find_backbone(module);
+  const auto layers = backbone_->decoder_layers();
+  std::unordered_map<const c10::TensorImpl*, size_t> layer_of;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (const auto& param : layers[i]->parameters()) layer_of[param.unsafeGetTensorImpl()] = i;
+  }
+  std::vector<NamedParams> layer_trainable(layers.size()), layer_frozen(layers.size());
+  NamedParams outer_trainable, outer_frozen, persistent;
+  for (const auto& item : params) {
+    const bool trainable = item.second.requires_grad();
+    if (item.second.numel() <= zero.stage3_param_persistence_threshold) {
+      (trainable ? persistent : ungrouped_).push_back(item);
+      continue;
+    }
+    auto it = layer_of.find(item.second.unsafeGetTensorImpl());
+    if (it == layer_of.end()) {
+      (trainable ? outer_trainable : outer_frozen).push_back(item);
+    } else {
+      (trainable ? layer_trainable : layer_frozen)[it->second].push_back(item);
+    }
+  }
+  add_groups("persistent", persistent, true, false);
+  std::vector<std::vector<FlatParameterGroup*>> layer_groups(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string label = "layer" + std::to_string(i);
+    for (FlatParameterGroup* group : add_groups(label, layer_trainable[i], true, true)) layer_groups[i].push_back(group);
+    for (FlatParameterGroup* group : add_groups(label + "/frozen", layer_frozen[i], false, true)) {
+      layer_groups[i].push_back(group);
+    }
+  }
+  std::vector<FlatParameterGroup*> outer = add_groups("outer", outer_trainable, true, true);
+  for (FlatParameterGroup* group : add_groups("outer/frozen", outer_frozen, false, true)) outer.push_back(group);
+  hooks_ = std::make_unique<Zero3LayerHooks>(std::move(layer_groups), std::move(outer),
+                                             zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters);
+  backbone_->set_layer_parameter_hooks(hooks_.get());
+}
+
+void ZeroOptimizer::build_optimizer(const OptimizerConfig& optimizer, double lora_learning_rate) {
+  NamedParams named_pieces;
+  for (const auto& group : groups_) {
+    if (!group->trainable()) continue;
+    const ElementRange owned = group->owned_range();
+    for (const Piece& piece : pieces_in_range(group->layout(), owned)) {
+      OwnedPiece owned_piece{group.get(), piece.slot, piece.slot_offset,
+                             group->master().narrow(0, piece.range_offset, piece.numel), piece.range_offset};
+      owned_piece.value.set_requires_grad(true);  // the grouping takes trainable tensors only
+      named_pieces.emplace_back(group->layout().slots[piece.slot].name, owned_piece.value);
+      pieces_.push_back(std::move(owned_piece));
+    }
+  }
+  AdamWOptions adam;
+  adam.betas = {optimizer.beta1, optimizer.beta2};
+  adam.eps = optimizer.eps;
+  adam.bias_correction = optimizer.bias_correction;
+  adam.adam_w_mode = optimizer.adam_w_mode;
+  adamw_ = std::make_unique<AdamW>(
+      optimizer_grouped_parameters(named_pieces, optimizer.lr, optimizer.weight_decay, lora_learning_rate), adam);
+}
+
+void ZeroOptimizer::after_backward() {
+  // Stage 3's layer groups were reduced by the hooks inside backward; the rest is done here.
+  for (const auto& group : groups_) {
+    if (context_.stage >= 2) {
+      group->reduce_gradients();
+    } else {
+      group->accumulate_gradients();
+    }
+  }
+}
+
+void ZeroOptimizer::reduce_at_boundary() {
+  if (context_.stage >= 2) return;
+  for (const auto& group : groups_) group->reduce_gradients();
+}
+
+double ZeroOptimizer::gradient_norm_squared() {
+  // One pass in chunks: a double accumulation without a full-size double copy of the gradients.
+  // An inf or NaN anywhere makes the sum non-finite, which is also the overflow test.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  double squares = 0.0;
+  for (const auto& group : groups_) {
+    const torch::Tensor grads = group->owned_gradients();  // [owned] fp32
+    if (!grads.defined()) continue;
+    for (const ElementRange& chunk : split_into_chunks(grads.numel(), kChunk)) {
+      const torch::Tensor norm = at::linalg_vector_norm(grads.narrow(0, chunk.begin, chunk.size()), 2, c10::nullopt,
+                                                        false, torch::kFloat64);
+      const double value = norm.item<double>();
+      squares += value * value;
+    }
+  }
+  if (context_.stage == 0 || context_.world_size == 1) return squares;  // stage 0 owns everything
+  torch::Tensor total = torch::full({1}, squares, torch::kFloat64);  // [1]
+  context_.communicator->all_reduce(total, dist::ReduceOp::Sum);     // NaN and inf propagate
+  return total.item<double>();
+}
+
+void ZeroOptimizer::scale_gradients(double factor) {
+  torch::NoGradGuard no_grad;
+  for (const auto& group : groups_) {
+    torch::Tensor grads = group->owned_gradients();
+    if (grads.defined()) grads.mul_(factor);
+  }
+}
+
+void ZeroOptimizer::bind_piece_gradients() {
+  for (OwnedPiece& piece : pieces_) {
+    torch::Tensor grads = piece.group->owned_gradients();
+    piece.value.mutable_grad() =
+        grads.defined() ? grads.narrow(0, piece.range_offset, piece.value.numel()) : torch::Tensor();
+  }
+}
+
+void ZeroOptimizer::step() {
+  if (hooks_) hooks_->release_all();
+  bind_piece_gradients();
+  adamw_->step();
+  for (const auto& group : groups_) group->publish_master();
+}
+
+void ZeroOptimizer::publish_all() {
+  if (hooks_) hooks_->release_all();
+  for (const auto& group : groups_) group->publish_master();
+}
+
+void ZeroOptimizer::zero_gradients() {
+  for (OwnedPiece& piece : pieces_) piece.value.mutable_grad() = torch::Tensor();
+  for (const auto& group : groups_) group->zero_gradients();
+  for (auto& [name, param] : ungrouped_) param.mutable_grad() = torch::Tensor();
+}
+
+void ZeroOptimizer::release_gathered() {
+  if (hooks_) hooks_->release_all();
+}
+
+std::map<std::string, torch::Tensor> ZeroOptimizer::consolidated_parameters() {
+  std::map<std::string, torch::Tensor> params;
+  torch::NoGradGuard no_grad;
+  for (const auto& group : groups_) {
+    const bool was_gathered = group->gathered();
+    group->gather();
+    for (const auto& member : group->members()) params[member.name] = member.param.detach().clone();
+    if (!was_gathered) group->release();
+  }
+  for (const auto& [name, param] : ungrouped_) params[name] = param.detach().clone();
+  return params;
+}
+
+MemoryFootprint ZeroOptimizer::footprint() const {
+  MemoryFootprint total;
+  for (const auto& group : groups_) {
+    const MemoryFootprint bytes = group->footprint();
+    total.parameter_bytes += bytes.parameter_bytes;
+    total.gradient_bytes += bytes.gradient_bytes;
+    total.optimizer_bytes += bytes.optimizer_bytes;
+  }
+  for (const auto& [name, param] : ungrouped_) {
+    total.parameter_bytes += param.numel() * static_cast<int64_t>(param.element_size());
+    if (param.grad().defined()) total.gradient_bytes += param.grad().numel() * static_cast<int64_t>(param.grad().element_size());
+  }
+  total.optimizer_bytes += adamw_->state_bytes();
+  return total;
+}
+
+}  // namespace engine
+}  // namespace dschat

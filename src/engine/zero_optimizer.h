@@ -1,0 +1,92 @@
+#pragma once
+// The training engine's ZeRO machinery (internal): splits a module's parameters into flat groups
+// for the configured stage, runs AdamW over the pieces this rank owns, and does the gradient and
+// parameter collectives. TrainingEngine drives it; checkpoints read its pieces.
+//
+// Groups per stage:
+//   0-2  one replicated group per (dtype, device) of the trainable parameters; frozen ones are
+//        left as they are
+//   3    per decoder layer: a partitioned trainable group and a partitioned frozen group; the
+//        same for the parameters outside the layers ("outer"); parameters of at most
+//        stage3_param_persistence_threshold elements form a replicated "persistent" group
+//        (trainable) or stay as they are (frozen), as DeepSpeed keeps small parameters resident.
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dschat/engine/adamw.h"
+#include "dschat/engine/ds_config.h"
+#include "engine/flat_group.h"
+
+namespace dschat {
+namespace models {
+class Backbone;
+}
+namespace engine {
+
+class Zero3LayerHooks;
+
+class ZeroOptimizer {
+ public:
+  /// A trainable parameter's part that this rank owns, as the optimizer sees it.
+  struct OwnedPiece {
+    FlatParameterGroup* group = nullptr;
+    size_t slot = 0;
+    int64_t param_offset = 0;  // first element within the flattened parameter
+    torch::Tensor value;       // [numel] fp32 view of the group's master
+    int64_t range_offset = 0;  // first element within the group's owned range
+  };
+
+  /// Collective: broadcasts rank 0's values of every parameter, then builds the groups.
+  ZeroOptimizer(torch::nn::Module& module, const ZeroContext& context, const ZeroConfig& zero,
+                const OptimizerConfig& optimizer, double lora_learning_rate);
+  ~ZeroOptimizer();
+
+  const ZeroContext& context() const { return context_; }
+  AdamW& adamw() { return *adamw_; }
+  const AdamW& adamw() const { return *adamw_; }
+  const std::vector<std::unique_ptr<FlatParameterGroup>>& groups() const { return groups_; }
+  const std::vector<OwnedPiece>& owned_pieces() const { return pieces_; }
+  /// Parameters in no group (frozen at stages 0-2, small frozen ones at stage 3), by name.
+  const std::vector<std::pair<std::string, torch::Tensor>>& ungrouped() const { return ungrouped_; }
+
+  /// After each backward: moves new gradients into the groups; stages 2-3 reduce-scatter them.
+  void after_backward();
+  /// Collective, at an accumulation boundary: stage 0 all-reduces, stage 1 reduce-scatters.
+  void reduce_at_boundary();
+  /// Collective: the squared L2 norm of the whole (averaged) gradient, in double; not finite
+  /// exactly when some rank holds an inf or NaN gradient.
+  double gradient_norm_squared();
+  void scale_gradients(double factor);
+  /// AdamW over the owned pieces, then the new values go back into the parameters (collective).
+  void step();
+  void zero_gradients();
+  /// Collective at stage 3: partitioned groups gathered outside a layer's bracket are released.
+  void release_gathered();
+  /// Collective: copies of every parameter's full value by name, in the model dtype.
+  std::map<std::string, torch::Tensor> consolidated_parameters();
+  /// Collective: puts the masters back into the parameters after a checkpoint load.
+  void publish_all();
+
+  MemoryFootprint footprint() const;
+
+ private:
+  void build_groups(torch::nn::Module& module, const ZeroConfig& zero);
+  void build_optimizer(const OptimizerConfig& optimizer, double lora_learning_rate);
+  void bind_piece_gradients();
+
+  ZeroContext context_;
+  std::vector<std::unique_ptr<FlatParameterGroup>> groups_;
+  std::vector<std::pair<std::string, torch::Tensor>> ungrouped_;
+  std::vector<OwnedPiece> pieces_;
+  std::unique_ptr<AdamW> adamw_;
+  std::shared_ptr<models::Backbone> backbone_;  // stage 3: the model whose layers the hooks bracket
+  std::unique_ptr<Zero3LayerHooks> hooks_;
+};
+
+}  // namespace engine
+}  // namespace dschat

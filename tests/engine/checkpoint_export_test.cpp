@@ -1,0 +1,132 @@
+// Single-process ZeRO paths on a real decoder (CausalLM): stage 3 in a world of one against stage
+// 0, and the consolidated Hugging Face export (zero_to_fp32) with LoRA fused the way
+// DeepSpeed-Chat saves it. Tolerance: 1e-6 absolute (fp32; only summation orders differ).
+#include <gtest/gtest.h>
+
+#include "dschat/core/model_config.h"
+#include "dschat/engine/checkpoint_export.h"
+#include "dschat/engine/training_engine.h"
+#include "dschat/io/state_dict.h"
+#include "dschat/models/causal_lm.h"
+#include "dschat/nn/lora.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+using nlohmann::json;
+
+models::CausalLM tiny_lm() {
+  core::ModelConfig config = core::load_model_config(testing::fixture("opt-preln").string());
+  config.dropout = 0.0;
+  torch::manual_seed(21);
+  return models::CausalLM(config);
+}
+
+engine::TrainingEngineOptions options(int stage) {
+  engine::TrainingEngineOptions options;
+  json ds = {{"train_batch_size", 2},
+             {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 40}}}};
+  options.config = engine::DeepSpeedConfig::parse(ds, 1, "test");
+  options.optimizer.lr = 1e-2;
+  options.optimizer.weight_decay = 0.1;
+  options.lora_learning_rate = 2e-2;
+  return options;
+}
+
+torch::Tensor loss_of(models::CausalLM& model, int step) {
+  torch::Generator generator = at::detail::createCPUGenerator(50 + step);
+  torch::Tensor ids = torch::randint(3, 512, {2, 9}, generator, torch::kInt64);  // [B, T]
+  torch::Tensor logits = model->forward(ids);                                     // [B, T, V]
+  return torch::nn::functional::cross_entropy(logits.narrow(1, 0, 8).reshape({-1, 512}),
+                                              ids.narrow(1, 1, 8).reshape({-1}));
+}
+
+void train(engine::TrainingEngine& engine, models::CausalLM& model, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    engine.backward(loss_of(model, step));
+    engine.step();
+  }
+}
+
+TEST(ZeroStage3, OneProcessMatchesStageZeroAndReleasesLayersBetweenSteps) {
+  auto plain = tiny_lm();
+  auto sharded = tiny_lm();
+  engine::TrainingEngine plain_engine(plain.ptr(), options(0));
+  engine::TrainingEngine sharded_engine(sharded.ptr(), options(3));
+  // At rest, stage 3's large parameters hold no storage in the module.
+  EXPECT_EQ(sharded->named_parameters()["model.decoder.layers.0.fc1.weight"].numel(), 0);
+  train(plain_engine, plain, 4);
+  train(sharded_engine, sharded, 4);
+  const auto expected = plain_engine.consolidated_parameters();
+  const auto got = sharded_engine.consolidated_parameters();
+  ASSERT_EQ(got.size(), expected.size());
+  for (const auto& [name, value] : expected) EXPECT_LT(testing::max_abs_diff(got.at(name), value), 1e-6) << name;
+  EXPECT_EQ(sharded->named_parameters()["model.decoder.layers.1.fc2.weight"].numel(), 0);
+  // No-grad evaluation gathers the outer parameters; release_gathered_parameters frees them.
+  {
+    torch::NoGradGuard no_grad;
+    loss_of(sharded, 0);
+  }
+  EXPECT_GT(sharded->named_parameters()["model.decoder.embed_tokens.weight"].numel(), 0);
+  sharded_engine.release_gathered_parameters();
+  EXPECT_EQ(sharded->named_parameters()["model.decoder.embed_tokens.weight"].numel(), 0);
+}
+
+TEST(CheckpointExport, LoraIsFusedIntoTheBaseWeightsAsDeepSpeedChatSavesIt) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto model = tiny_lm();
+    nn::LoraOptions lora;
+    lora.lora_dim = 4;
+    lora.lora_scaling = 2.0;
+    lora.module_name_filter = "decoder.layers.";
+    ASSERT_GT(nn::convert_linear_layers_to_lora(*model, lora), 0);
+    nn::only_optimize_lora_parameters(*model);
+    engine::TrainingEngine engine(model.ptr(), options(stage));
+    train(engine, model, 3);
+    testing::TempDir ckpt, out;
+    engine.save_checkpoint(ckpt.path());
+
+    engine::ExportOptions export_options;
+    export_options.model_dir = testing::fixture("opt-preln");
+    engine::export_hf_checkpoint(ckpt.path(), "", out.path(), export_options);
+    const io::TensorMap exported = io::load_state_dict(out.path());
+    for (const auto& [name, tensor] : exported) EXPECT_FALSE(nn::is_lora_parameter(name)) << name;
+
+    // The module fused in memory is the reference; a fresh CausalLM loads the export.
+    auto params = engine.consolidated_parameters();
+    auto reference = tiny_lm();
+    nn::convert_linear_layers_to_lora(*reference, lora);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : reference->named_parameters()) item.value().copy_(params.at(item.key()));
+    }
+    nn::fuse_lora(*reference);
+    for (const auto& item : reference->named_parameters()) {
+      if (nn::is_lora_parameter(item.key())) continue;
+      ASSERT_TRUE(exported.count(item.key())) << item.key();
+      EXPECT_LT(testing::max_abs_diff(exported.at(item.key()), item.value()), 1e-6) << item.key();
+    }
+    auto loaded = models::CausalLM(core::load_model_config(out.path().string()));
+    loaded->load_weights(exported, out.path().string());
+    torch::NoGradGuard no_grad;
+    reference->eval();
+    loaded->eval();
+    EXPECT_LT(testing::max_abs_diff(loss_of(loaded, 9), loss_of(reference, 9)), 1e-5);
+  }
+}
+
+TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {
+  testing::TempDir empty;
+  EXPECT_THROW_WITH(engine::consolidate_checkpoint(empty.path(), "", {}), core::NotFound, "latest");
+  std::string output;
+  EXPECT_NE(testing::run_command(std::string(DSCHAT_CLI_PATH) + " export-hf --checkpoint " + empty.path().string() +
+                                     " --output " + (empty / "o").string() + " --dtype fp8",
+                                 &output),
+            0);
+  EXPECT_NE(output.find("--dtype: 'fp8'"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace dschat

@@ -1,0 +1,202 @@
+// One rank of the multi-process training-engine tests (tests/engine/zero_multiproc_test.cpp and the
+// launcher tests start these). Trains a tiny OPT causal LM (tests/fixtures/opt-preln with 4
+// layers, dropout off) with TrainingEngine on synthetic token batches that depend only on the
+// step, so any world size and accumulation that covers the same global batch sees the same rows:
+// for global step s, rank r's micro-step m takes rows [(r * G + m) * M, + M) of the step's batch.
+// Rank 0 writes a JSON report: the per-step loss averaged over all micro-batches of all ranks,
+// the engine's byte counts after the last backward and after the last step, the theoretical
+// figures, and a checksum of the final parameters.
+//
+// usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
+//            [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load] [--timeout-ms T]
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "dschat/core/error.h"
+#include "dschat/core/model_config.h"
+#include "dschat/dist/launch_env.h"
+#include "dschat/dist/process_group.h"
+#include "dschat/engine/training_engine.h"
+#include "dschat/models/causal_lm.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace dschat;
+
+struct Args {
+  std::string out;
+  int stage = 0;
+  int64_t micro = 2;
+  int64_t gas = 1;
+  int64_t steps = 20;    // the schedule's length
+  int64_t stop_at = -1;  // stop after this many steps (an "interrupted" run); -1: run all
+  int64_t layers = 4;
+  bool offload = false;
+  bool bf16 = false;
+  std::string save_dir;
+  int64_t save_every = 0;
+  bool load = false;
+  int64_t timeout_ms = 60000;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      DSCHAT_CHECK(i + 1 < argc, InvalidArgument, flag, " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--out") args.out = value();
+    else if (flag == "--stage") args.stage = std::stoi(value());
+    else if (flag == "--micro") args.micro = std::stoll(value());
+    else if (flag == "--gas") args.gas = std::stoll(value());
+    else if (flag == "--steps") args.steps = std::stoll(value());
+    else if (flag == "--stop-at") args.stop_at = std::stoll(value());
+    else if (flag == "--layers") args.layers = std::stoll(value());
+    else if (flag == "--offload") args.offload = true;
+    else if (flag == "--bf16") args.bf16 = true;
+    else if (flag == "--save-dir") args.save_dir = value();
+    else if (flag == "--save-every") args.save_every = std::stoll(value());
+    else if (flag == "--load") args.load = true;
+    else if (flag == "--timeout-ms") args.timeout_ms = std::stoll(value());
+    else DSCHAT_THROW(InvalidArgument, "unknown flag ", flag);
+  }
+  return args;
+}
+
+constexpr int64_t kTokens = 12;
+constexpr int64_t kGlobalRows = 16;  // rows generated per step; a run uses the first M * G * W
+
+torch::Tensor step_batch(int64_t step, int64_t vocab) {
+  torch::Generator generator = at::detail::createCPUGenerator(1000 + step);
+  return torch::randint(3, vocab, {kGlobalRows, kTokens}, generator, torch::kInt64);  // [rows, T]
+}
+
+torch::Tensor lm_loss(models::CausalLM& model, const torch::Tensor& ids) {
+  torch::Tensor logits = model->forward(ids).to(torch::kFloat32);  // [B, T, V]
+  torch::Tensor shifted = logits.narrow(1, 0, kTokens - 1).reshape({-1, logits.size(2)});
+  torch::Tensor targets = ids.narrow(1, 1, kTokens - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(shifted, targets);
+}
+
+json footprint_json(const engine::MemoryFootprint& bytes) {
+  return {{"parameters", bytes.parameter_bytes}, {"gradients", bytes.gradient_bytes},
+          {"optimizer", bytes.optimizer_bytes}};
+}
+
+int run(const Args& args) {
+  at::set_num_threads(1);  // several ranks share two cores
+  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
+  auto communicator = std::make_shared<dist::Communicator>(
+      dist::Communicator::create(env, dist::Backend::Gloo, std::chrono::milliseconds(args.timeout_ms)));
+  const int64_t world = communicator->world_size();
+  const int64_t rank = communicator->rank();
+  DSCHAT_CHECK(args.micro * args.gas * world <= kGlobalRows, InvalidArgument, "global batch too large");
+
+  core::ModelConfig config = core::load_model_config(std::string(DSCHAT_TEST_DATA_DIR) + "/opt-preln");
+  config.num_hidden_layers = args.layers;
+  config.dropout = 0.0;
+  torch::manual_seed(rank == 0 ? 7 : 1000 + rank);  // other ranks start elsewhere: the broadcast must fix it
+  models::CausalLM model(config);
+  if (args.bf16) model->to(torch::kBFloat16);
+
+  json ds = {{"train_micro_batch_size_per_gpu", args.micro},
+             {"gradient_accumulation_steps", args.gas},
+             {"train_batch_size", args.micro * args.gas * world},
+             {"gradient_clipping", 1.0},
+             {"steps_per_print", 0},
+             {"zero_optimization",
+              {{"stage", args.stage},
+               {"reduce_bucket_size", 3000},  // small buckets: several rounds per collective
+               {"allgather_bucket_size", 5000},
+               {"stage3_param_persistence_threshold", 64},
+               {"stage3_prefetch_bucket_size", 20000}}}};
+  if (args.offload) {
+    ds["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+    if (args.stage == 3) ds["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  }
+  if (args.bf16) ds["bf16"] = {{"enabled", true}};
+  engine::TrainingEngineOptions options;
+  options.config = engine::DeepSpeedConfig::parse(ds, world, "train_worker");
+  options.optimizer.lr = 3e-3;
+  options.optimizer.weight_decay = 0.1;
+  options.optimizer.beta2 = 0.95;
+  engine::LrScheduleOptions schedule;
+  schedule.type = "cosine";
+  schedule.num_warmup_steps = 2;
+  schedule.num_training_steps = args.steps;
+  options.lr_schedule = schedule;
+  options.communicator = communicator;
+  engine::TrainingEngine trainer(model.ptr(), options);
+
+  int64_t first_step = 0;
+  if (args.load) first_step = trainer.load_checkpoint(args.save_dir)["next_step"].get<int64_t>();
+  json losses = json::array();
+  json after_backward;
+  const int64_t last_step = args.stop_at >= 0 ? args.stop_at : args.steps;
+  for (int64_t step = first_step; step < last_step; ++step) {
+    const torch::Tensor rows = step_batch(step, config.vocab_size);  // [16, T]
+    double loss_sum = 0.0;
+    for (int64_t m = 0; m < args.gas; ++m) {
+      torch::Tensor ids = rows.narrow(0, (rank * args.gas + m) * args.micro, args.micro);  // [M, T]
+      torch::Tensor loss = lm_loss(model, ids);
+      loss_sum += loss.item<double>();
+      trainer.backward(loss);
+      if (m + 1 == args.gas) after_backward = footprint_json(trainer.memory_footprint());
+      trainer.step();
+    }
+    torch::Tensor total = torch::full({1}, loss_sum, torch::kFloat64);  // [1]
+    communicator->all_reduce(total, dist::ReduceOp::Sum);
+    losses.push_back(total.item<double>() / static_cast<double>(args.gas * world));
+    if (args.save_every > 0 && (step + 1) % args.save_every == 0) {
+      trainer.save_checkpoint(args.save_dir, "", {{"next_step", step + 1}});
+    }
+  }
+  const json after_step = footprint_json(trainer.memory_footprint());
+  double checksum = 0.0;
+  int64_t num_params = 0;
+  for (const auto& [name, value] : trainer.consolidated_parameters()) {
+    checksum += value.to(torch::kFloat64).abs().sum().item<double>();
+    num_params += value.numel();
+  }
+
+  // Every rank's byte counts, gathered to rank 0.
+  torch::Tensor mine = torch::tensor({after_backward["gradients"].get<int64_t>(), after_step["parameters"].get<int64_t>(),
+                                      after_step["optimizer"].get<int64_t>()},
+                                     torch::kInt64);  // [3]
+  torch::Tensor all = torch::empty({world * 3}, torch::kInt64);  // [world * 3]
+  communicator->all_gather_into(all, mine);
+  if (rank == 0) {
+    json per_rank = json::array();
+    for (int64_t r = 0; r < world; ++r) {
+      per_rank.push_back({{"gradients_after_backward", all[r * 3].item<int64_t>()},
+                          {"parameters_after_step", all[r * 3 + 1].item<int64_t>()},
+                          {"optimizer_after_step", all[r * 3 + 2].item<int64_t>()}});
+    }
+    const engine::MemoryFootprint theory =
+        engine::theoretical_footprint(args.stage, num_params, args.bf16 ? 2 : 4, world);
+    json report = {{"losses", losses}, {"checksum", checksum}, {"num_params", num_params},
+                   {"per_rank", per_rank}, {"theoretical", footprint_json(theory)},
+                   {"global_steps", trainer.global_steps()}};
+    std::ofstream(args.out) << report.dump(1);
+  }
+  communicator->barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "train_worker: error: " << e.what() << "\n";
+    return 1;
+  }
+}
