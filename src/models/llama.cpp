@@ -2,6 +2,8 @@
 
 #include "dschat/nn/activation.h"
 #include "dschat/nn/rotary.h"
+#include "dschat/ops/bias_activation.h"
+#include "dschat/ops/residual_norm.h"
 
 namespace dschat {
 namespace models {
@@ -17,6 +19,11 @@ LlamaMlpImpl::LlamaMlpImpl(const core::ModelConfig& config)
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   torch::Tensor gate = nn::apply_activation(static_cast<nn::Activation>(activation_), gate_proj(x));  // [B, T, F]
   return down_proj(gate * up_proj(x));
+}
+
+torch::Tensor LlamaMlpImpl::forward_inference(const torch::Tensor& x) {
+  if (static_cast<nn::Activation>(activation_) != nn::Activation::Silu) return forward(x);
+  return down_proj(ops::silu_and_mul(gate_proj(x), up_proj(x)));  // [B, T, H]
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config) {
@@ -35,6 +42,15 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config) {
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer,
                                              nn::KvCache* cache) {
+  if (nn::use_inference_ops(cache, is_training() && self_attn->options.dropout() > 0.0)) {
+    // The same layer through the fused ops: residual add + post-attention RMSNorm in one pass
+    // (o_proj's bias, when attention_bias, rides along), the SiLU gate in one kernel.
+    torch::Tensor attn_bias;
+    torch::Tensor a = self_attn->forward(input_layernorm(x), inputs, layer, cache, &attn_bias);  // [B, T, H]
+    auto [f, h] = ops::bias_residual_rms_norm(a, attn_bias, x, post_attention_layernorm->weight,
+                                              post_attention_layernorm->options.eps());
+    return h + mlp->forward_inference(f);
+  }
   torch::Tensor h = x + self_attn(input_layernorm(x), inputs, layer, cache);  // [B, T, H]
   return h + mlp(post_attention_layernorm(h));
 }

@@ -16,6 +16,8 @@ class LlamaMlpImpl : public torch::nn::Module {
   explicit LlamaMlpImpl(const core::ModelConfig& config);
   /// x: [B, T, H] -> down(act(gate(x)) * up(x)): [B, T, H]
   torch::Tensor forward(const torch::Tensor& x);
+  /// As forward, through the fused inference ops (ops::silu_and_mul for SiLU); no autograd.
+  torch::Tensor forward_inference(const torch::Tensor& x);
 
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 

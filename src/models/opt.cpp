@@ -1,6 +1,8 @@
 #include "models/opt.h"
 
 #include "dschat/nn/activation.h"
+#include "dschat/ops/bias_activation.h"
+#include "dschat/ops/residual_norm.h"
 
 namespace dschat {
 namespace models {
@@ -13,6 +15,22 @@ torch::nn::LayerNorm make_layer_norm(const core::ModelConfig& config) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size})
                                   .eps(kLayerNormEps)
                                   .elementwise_affine(config.layer_norm_elementwise_affine));
+}
+
+ops::Activation op_activation(nn::Activation activation) {
+  switch (activation) {
+    case nn::Activation::Relu: return ops::Activation::Relu;
+    case nn::Activation::Gelu: return ops::Activation::Gelu;
+    case nn::Activation::GeluTanh: return ops::Activation::GeluTanh;
+    case nn::Activation::Silu: return ops::Activation::Silu;
+  }
+  return ops::Activation::Relu;
+}
+
+// LayerNorm(x + bias + residual) with `norm`'s parameters, and the sum, in one op.
+ops::ResidualNormOutput add_and_norm(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
+                                     const torch::Tensor& bias, const torch::Tensor& residual) {
+  return ops::bias_residual_layer_norm(x, bias, residual, norm->weight, norm->bias, norm->options.eps());
 }
 
 }  // namespace
@@ -36,6 +54,21 @@ OptDecoderLayerImpl::OptDecoderLayerImpl(const core::ModelConfig& config)
 torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer,
                                            nn::KvCache* cache) {
   namespace F = torch::nn::functional;
+  if (nn::use_inference_ops(cache, is_training() && dropout_ > 0.0)) {
+    // The same layer through the fused ops (no dropout to apply): out_proj's and fc1's biases
+    // ride in the residual-norm and activation epilogues.
+    torch::Tensor attn_bias, fc1_bias, fc2_bias;
+    torch::Tensor a = self_attn->forward(pre_norm_ ? self_attn_layer_norm(x) : x, inputs, layer, cache,
+                                         &attn_bias);  // [B, T, H]
+    // pre-LN: h = x + a, f = final_layer_norm(h); post-LN: h = f = self_attn_layer_norm(x + a).
+    auto [f, h] = add_and_norm(pre_norm_ ? final_layer_norm : self_attn_layer_norm, a, attn_bias, x);
+    if (!pre_norm_) h = f;
+    torch::Tensor g = nn::linear_deferring_bias(*fc1, f, &fc1_bias);                          // [B, T, F]
+    g = ops::bias_activation(g, fc1_bias, op_activation(static_cast<nn::Activation>(activation_)));
+    if (pre_norm_) return h + fc2(g);
+    torch::Tensor y = nn::linear_deferring_bias(*fc2, g, &fc2_bias);  // [B, T, H]
+    return add_and_norm(final_layer_norm, y, fc2_bias, h).output;
+  }
   auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
   torch::Tensor residual = x;                                    // [B, T, H]
   torch::Tensor h = pre_norm_ ? self_attn_layer_norm(x) : x;     // [B, T, H]

@@ -4,6 +4,8 @@
 
 #include "dschat/core/error.h"
 #include "dschat/nn/rotary.h"
+#include "dschat/ops/decode_attention.h"
+#include "dschat/ops/rotary.h"
 
 namespace dschat {
 namespace nn {
@@ -43,6 +45,7 @@ AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t n
   } else if (!(unpadded && new_tokens == 1)) {
     inputs.bias = causal_attention_bias(attention_mask, new_tokens, dtype);  // [B, 1, T, S]
   }
+  if (!unpadded) inputs.attention_mask = attention_mask.to(torch::kInt64);  // [B, S]
   return inputs;
 }
 
@@ -64,31 +67,57 @@ AttentionImpl::AttentionImpl(const AttentionOptions& options_) : options(options
                            Linear(LinearOptions(options.num_heads() * d, h).bias(options.bias())));
 }
 
+bool use_inference_ops(const KvCache* cache, bool dropout_active) {
+  return cache != nullptr && !torch::GradMode::is_enabled() && !dropout_active;
+}
+
+torch::Tensor linear_deferring_bias(LinearImpl& linear, const torch::Tensor& x, torch::Tensor* bias) {
+  if (linear.has_lora() && !linear.lora_fused()) {
+    *bias = torch::Tensor();
+    return linear.forward(x);
+  }
+  *bias = linear.bias;
+  return torch::nn::functional::linear(x, linear.weight);  // [..., out]
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer,
-                                     KvCache* cache) {
+                                     KvCache* cache, torch::Tensor* deferred_bias) {
   const int64_t batch = x.size(0), steps = x.size(1), d = options.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const bool inference = use_inference_ops(cache, is_training() && options.dropout() > 0.0);
   torch::Tensor q = q_proj(x);  // [B, T, H * D]
   if (options.scale_query()) q = q * scale;
   q = q.view({batch, steps, options.num_heads(), d}).transpose(1, 2);                  // [B, H, T, D]
   torch::Tensor k = k_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
   torch::Tensor v = v_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
   if (inputs.cos.defined()) {
-    q = apply_rotary(q, inputs.cos, inputs.sin);
-    k = apply_rotary(k, inputs.cos, inputs.sin);
+    if (inference) {
+      std::tie(q, k) = ops::rotary_embedding(q, k, inputs.cos, inputs.sin);
+    } else {
+      q = apply_rotary(q, inputs.cos, inputs.sin);
+      k = apply_rotary(k, inputs.cos, inputs.sin);
+    }
   }
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, Hkv, S, D] each
-  const int64_t groups = options.num_heads() / options.num_kv_heads();
-  if (groups > 1) {  // grouped-query attention: each KV head serves `groups` query heads
-    k = k.repeat_interleave(groups, 1);  // [B, H, S, D]
-    v = v.repeat_interleave(groups, 1);  // [B, H, S, D]
+  const double score_scale = options.scale_query() ? 1.0 : scale;
+  torch::Tensor out;  // [B, T, H * D]
+  // A padded batch needs the key mask: one built by hand with only `bias` takes the SDPA path.
+  if (inference && steps == 1 && (inputs.attention_mask.defined() || !inputs.bias.defined())) {
+    out = ops::decode_attention(q, k, v, inputs.attention_mask, k.size(2), score_scale)  // [B, H, 1, D]
+              .reshape({batch, 1, options.num_heads() * d});
+  } else {
+    const int64_t groups = options.num_heads() / options.num_kv_heads();
+    if (groups > 1) {  // grouped-query attention: each KV head serves `groups` query heads
+      k = k.repeat_interleave(groups, 1);  // [B, H, S, D]
+      v = v.repeat_interleave(groups, 1);  // [B, H, S, D]
+    }
+    double dropout = is_training() ? options.dropout() : 0.0;
+    std::optional<torch::Tensor> bias;
+    if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
+    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal, score_scale);  // [B, H, T, D]
+    out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});                    // [B, T, H * D]
   }
-  double dropout = is_training() ? options.dropout() : 0.0;
-  std::optional<torch::Tensor> bias;
-  if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
-  torch::Tensor out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal,
-                                                       options.scale_query() ? 1.0 : scale);  // [B, H, T, D]
-  out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});  // [B, T, H * D]
+  if (deferred_bias != nullptr) return linear_deferring_bias(*o_proj, out, deferred_bias);
   return o_proj(out);
 }
 

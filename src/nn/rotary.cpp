@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "dschat/ops/rotary.h"
+
 namespace dschat {
 namespace nn {
 
@@ -43,11 +45,7 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const core::ModelConfig& 
 }
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  torch::Tensor x1 = x.narrow(-1, 0, half);                  // [B, H, T, D/2]
-  torch::Tensor x2 = x.narrow(-1, half, x.size(-1) - half);  // [B, H, T, D/2]
-  torch::Tensor rotated = torch::cat({-x2, x1}, -1);         // [B, H, T, D]
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+  return ops::rotary_embedding_reference(x, cos, sin);  // one definition of the arithmetic, also the ops' oracle
 }
 
 }  // namespace nn

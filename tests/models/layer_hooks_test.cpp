@@ -2,8 +2,9 @@
 // LLaMA models: a test engine really frees each layer's parameters outside its brackets, as
 // ZeRO-3 does (set_data to an empty tensor, same Variable). Checked: the exact call sequence of a
 // training step, that only the layer being run is materialised, logits and every gradient equal
-// to the same model without hooks (also with frozen embeddings), the no-grad and KV-cache rules. Tolerance: fp32, max abs diff
-// <= 1e-6 (the hooked run recomputes the same ops on the same values with the same dropout masks).
+// to the same model without hooks (also with frozen embeddings), the no-grad and KV-cache rules.
+// Tolerance: fp32, max abs diff <= 1e-6 (the hooked run recomputes the same ops on the same
+// values with the same dropout masks).
 #include <gtest/gtest.h>
 
 #include <map>

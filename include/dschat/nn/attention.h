@@ -34,10 +34,13 @@ struct AttentionInputs {
   bool is_causal = false;  // no padding and no cache: SDPA's causal fast path
   torch::Tensor cos;       // [B, T, D] rotary, or undefined (OPT)
   torch::Tensor sin;       // [B, T, D]
+  torch::Tensor attention_mask;  // [B, S] int64 key mask (1 = real) when some token is padded,
+                                 // else undefined; read by the decode-attention op
 };
 
 /// The masking part of AttentionInputs for attention_mask [B, S] and T new tokens: an explicit
-/// bias only when some token is padded, otherwise SDPA's causal path (T == S) or no mask (T == 1).
+/// bias only when some token is padded, otherwise SDPA's causal path (T == S) or no mask (T == 1);
+/// with padding also the key mask itself (int64), which the decode-attention op reads.
 AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype);
 
 /// attention_mask: [B, S] (1 = real token) -> additive bias [B, 1, T, S] in `dtype` that also
@@ -48,11 +51,26 @@ torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t
 /// (the last T columns of cumsum(mask) - 1; padded slots get `pad_position`).
 torch::Tensor positions_from_mask(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t pad_position);
 
+/// True when a forward runs the fused inference ops (dschat/ops): with a KV cache, without
+/// autograd, and with no dropout to apply (`dropout_active`: training with p > 0). Training and
+/// uncached forwards keep the autograd path.
+bool use_inference_ops(const KvCache* cache, bool dropout_active);
+
+/// linear(x) for a caller that adds the bias in a fused epilogue (ops::bias_residual_*_norm,
+/// ops::bias_activation): returns x W^T and sets *bias to linear.bias (undefined without one).
+/// With unfused LoRA adapters it returns the full forward (bias included) and leaves *bias
+/// undefined, so the adapters' output is still added after the bias, as in Linear::forward.
+torch::Tensor linear_deferring_bias(LinearImpl& linear, const torch::Tensor& x, torch::Tensor* bias);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const AttentionOptions& options);
-  /// x: [B, T, hidden] -> [B, T, hidden]. `layer` indexes the cache when one is given.
-  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer, KvCache* cache);
+  /// x: [B, T, hidden] -> [B, T, hidden]. `layer` indexes the cache when one is given. On the
+  /// inference path (use_inference_ops) rotary runs as ops::rotary_embedding and a single-token
+  /// step as ops::decode_attention. With `deferred_bias`, the output projection's bias is left
+  /// out of the result and returned there (see linear_deferring_bias).
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer, KvCache* cache,
+                        torch::Tensor* deferred_bias = nullptr);
   void pretty_print(std::ostream& stream) const override;
 
   AttentionOptions options;
