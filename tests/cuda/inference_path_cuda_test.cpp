@@ -12,6 +12,7 @@
 #include "dschat/inference/kv_cache.h"
 #include "dschat/inference/model_loader.h"
 #include "dschat/io/npy.h"
+#include "model_fixtures.h"
 
 namespace dschat {
 namespace {
@@ -67,13 +68,7 @@ TEST_P(InferencePathCuda, FusedKernelsMatchTheAutogradPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, InferencePathCuda,
-                         ::testing::Values("opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, InferencePathCuda, ::testing::ValuesIn(testing::model_fixtures()), testing::FixtureName());
 
 }  // namespace
 }  // namespace dschat

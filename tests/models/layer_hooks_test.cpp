@@ -15,6 +15,7 @@
 #include "dschat/inference/kv_cache.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/nn/layer_hooks.h"
+#include "model_fixtures.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -277,13 +278,7 @@ TEST_P(LayerHooks, DecoderLayersAreTheLayerModulesInOrder) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyRandom, LayerHooks,
-                         ::testing::Values("opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(TinyRandom, LayerHooks, ::testing::ValuesIn(testing::model_fixtures()), testing::FixtureName());
 
 }  // namespace
 }  // namespace dschat

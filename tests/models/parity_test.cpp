@@ -9,6 +9,7 @@
 #include "dschat/inference/kv_cache.h"
 #include "dschat/inference/model_loader.h"
 #include "dschat/io/npy.h"
+#include "model_fixtures.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -160,13 +161,7 @@ TEST_P(ModelParity, SaveThenLoadIsBitwiseIdentical) {
   EXPECT_EQ(core::model_config_to_json(model->config()), core::model_config_to_json(reloaded->config()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
-                         ::testing::Values("opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity, ::testing::ValuesIn(testing::model_fixtures()), testing::FixtureName());
 
 TEST(ValueHeadParity, RewardValuesMatchDeepSpeedChatLayout) {
   auto dir = fixture("reward-opt-postln");

@@ -10,6 +10,7 @@
 #include "dschat/inference/kv_cache.h"
 #include "dschat/inference/model_loader.h"
 #include "dschat/io/npy.h"
+#include "model_fixtures.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -48,13 +49,7 @@ TEST_P(FusedInferencePathOpTest, MatchesTheAutogradPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FusedInferencePathOpTest,
-                         ::testing::Values("opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, FusedInferencePathOpTest, ::testing::ValuesIn(testing::model_fixtures()), testing::FixtureName());
 
 }  // namespace
 }  // namespace dschat
