@@ -201,8 +201,9 @@ DeepSpeedConfig DeepSpeedConfig::parse(const nlohmann::json& json, int64_t world
     he.release_inference_cache = block->get<bool>("release_inference_cache", he.release_inference_cache);
     he.pin_parameters = block->get<bool>("pin_parameters", he.pin_parameters);
     he.tp_gather_partition_size = block->get<int64_t>("tp_gather_partition_size", he.tp_gather_partition_size);
-    DSCHAT_CHECK(he.max_out_tokens > 0 && he.inference_tp_size >= 1, ConfigError, block->where(),
-                 ": max_out_tokens and inference_tp_size must be positive");
+    he.enable_cuda_graph = block->get<bool>("enable_cuda_graph", he.enable_cuda_graph);
+    DSCHAT_CHECK(he.max_out_tokens > 0 && he.inference_tp_size >= 1 && he.tp_gather_partition_size >= 1, ConfigError,
+                 block->where(), ": max_out_tokens, inference_tp_size and tp_gather_partition_size must be positive");
     block->finish();
   }
   if (auto block = root.object("tensorboard")) {

@@ -63,6 +63,7 @@ struct HybridEngineConfig {
   bool release_inference_cache = false;
   bool pin_parameters = true;
   int64_t tp_gather_partition_size = 8;
+  bool enable_cuda_graph = false;  // ours (DeepSpeed's Hybrid Engine has none): decode step as a CUDA graph
 };
 
 struct TensorboardConfig {
