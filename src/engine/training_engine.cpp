@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "dschat/core/error.h"
+#include "engine/zero3_hooks.h"
 #include "engine/zero_optimizer.h"
 
 namespace dschat {
@@ -64,6 +65,8 @@ TrainingEngine::TrainingEngine(std::shared_ptr<torch::nn::Module> module, Traini
 }
 
 TrainingEngine::~TrainingEngine() = default;
+
+nn::LayerParameterHooks* TrainingEngine::layer_parameter_hooks() { return zero_->layer_hooks(); }
 
 int64_t TrainingEngine::rank() const { return options_.communicator ? options_.communicator->rank() : 0; }
 int64_t TrainingEngine::world_size() const {

@@ -73,6 +73,8 @@ class ZeroOptimizer {
   void publish_all();
 
   MemoryFootprint footprint() const;
+  /// Stage 3's layer hooks (the ones set on the backbone); nullptr at stages 0-2.
+  Zero3LayerHooks* layer_hooks() { return hooks_.get(); }
 
  private:
   void build_groups(torch::nn::Module& module, const ZeroConfig& zero);

@@ -44,6 +44,7 @@
 #include "dschat/engine/loss_scaler.h"
 #include "dschat/engine/lr_schedule.h"
 #include "dschat/engine/zero_partition.h"
+#include "dschat/nn/layer_hooks.h"
 
 namespace dschat {
 namespace engine {
@@ -99,6 +100,12 @@ class TrainingEngine {
   MemoryFootprint memory_footprint() const;
   int64_t rank() const;
   int64_t world_size() const;
+  /// The data-parallel ranks (null: a world of one).
+  const std::shared_ptr<dist::Communicator>& communicator() const { return options_.communicator; }
+  /// ZeRO-3: the hooks that own the decoder layers' parameters (the backbone calls them around
+  /// every layer; the hybrid engine calls them to gather layers for generation). nullptr at
+  /// stages 0-2, where every parameter is resident.
+  nn::LayerParameterHooks* layer_parameter_hooks();
 
   /// Collective: the full parameters by module name, in the model dtype, on every rank (ZeRO-3
   /// partitions are gathered). For saving a Hugging Face checkpoint during training.
