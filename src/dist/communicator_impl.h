@@ -1,6 +1,7 @@
 #pragma once
-// Communicator's state, shared by process_group.cpp (the calls) and pending_collective.cpp (the
-// handles of started collectives, which keep it alive).
+// Communicator's state, shared by process_group.cpp (the blocking calls) and
+// pending_collective.cpp (the start_* calls and the handles of started collectives, which keep it
+// alive).
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -49,14 +50,22 @@ struct Communicator::Impl {
 
   /// Starts one collective and waits for it.
   void run(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
+  /// Starts one collective and returns its work without waiting; counted in flight until the
+  /// handle is waited. Throws core::Error (and marks the communicator failed) if it cannot start.
+  c10::intrusive_ptr<c10d::Work> start(const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& launch);
 };
 
 struct PendingCollective::State {
   std::shared_ptr<Communicator::Impl> impl;
   c10::intrusive_ptr<c10d::Work> work;
   const char* op = "";
-  at::Tensor output, input;  // kept alive until the transfer is done
+  at::Tensor output, input;        // kept alive until the transfer is done
+  std::function<void()> epilogue;  // local work after the transfer (Avg's division, Gloo's sum)
 };
+
+// Argument checks shared by the blocking and the start_* calls (throw core::InvalidArgument).
+void check_dense(const at::Tensor& tensor, const char* op, const char* name);
+void check_pair(const at::Tensor& output, const at::Tensor& input, const char* op);
 
 }  // namespace dist
 }  // namespace dschat

@@ -100,6 +100,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 #endif
 }
 
+}  // namespace
+
 void check_dense(const at::Tensor& tensor, const char* op, const char* name) {
   DSCHAT_CHECK(tensor.defined(), InvalidArgument, "dist::", op, ": ", name, " is undefined");
   DSCHAT_CHECK(tensor.layout() == at::kStrided && tensor.is_contiguous(), InvalidArgument, "dist::", op, ": ",
@@ -116,8 +118,6 @@ void check_pair(const at::Tensor& output, const at::Tensor& input, const char* o
                InvalidArgument, "dist::", op, ": output (", output.scalar_type(), " on ", output.device(),
                ") and input (", input.scalar_type(), " on ", input.device(), ") differ in dtype or device");
 }
-
-}  // namespace
 
 // How long rank 0 keeps the store up after a failure for the other ranks' diagnoses: their
 // window plus slack for ranks that notice the failure a little later.
@@ -192,6 +192,19 @@ void Communicator::Impl::run(const char* op, const std::function<c10::intrusive_
   }
 }
 
+c10::intrusive_ptr<c10d::Work> Communicator::Impl::start(const char* op,
+                                                      const std::function<c10::intrusive_ptr<c10d::Work>()>& launch) {
+  check_usable(op);
+  started();
+  try {
+    return launch();
+  } catch (const std::exception& e) {
+    finished();
+    failed_operation = op;
+    DSCHAT_THROW(Error, "dist::", op, " failed to start on rank ", rank, ": ", describe_error(e));
+  }
+}
+
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
@@ -234,21 +247,7 @@ int64_t Communicator::world_size() const { return impl_->world_size; }
 Backend Communicator::backend() const { return impl_->backend; }
 Milliseconds Communicator::timeout() const { return impl_->timeout; }
 
-void Communicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  check_dense(tensor, "all_reduce", "tensor");
-  DSCHAT_CHECK(op != ReduceOp::Avg || at::isFloatingType(tensor.scalar_type()), InvalidArgument,
-               "dist::all_reduce: Avg needs a floating-point tensor, got ", tensor.scalar_type());
-  if (impl_->world_size == 1 || tensor.numel() == 0) return;
-  c10d::AllreduceOptions options;
-  // Gloo has no AVG (NCCL-only in c10d): sum, then divide here, the same on both backends.
-  options.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-  c10d::Backend& group = impl_->group_for(tensor, "all_reduce");
-  impl_->run("all_reduce", [&] {
-    std::vector<at::Tensor> tensors{tensor};
-    return group.allreduce(tensors, options);
-  });
-  if (op == ReduceOp::Avg) tensor.div_(impl_->world_size);
-}
+void Communicator::all_reduce(at::Tensor& tensor, ReduceOp op) { start_all_reduce(tensor, op).wait(); }
 
 void Communicator::broadcast(at::Tensor& tensor, int64_t src) {
   check_dense(tensor, "broadcast", "tensor");
@@ -268,64 +267,8 @@ void Communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) 
   start_all_gather_into(output, input).wait();
 }
 
-PendingCollective Communicator::start_all_gather_into(at::Tensor& output, const at::Tensor& input) {
-  check_pair(output, input, "all_gather_into");
-  const int64_t n = input.numel();
-  DSCHAT_CHECK(output.numel() == impl_->world_size * n, InvalidArgument, "dist::all_gather_into: output has ",
-               output.numel(), " elements, expected world_size * input.numel() = ", impl_->world_size, " * ", n);
-  at::Tensor flat_output = output.view({-1});  // [world * n]
-  at::Tensor flat_input = input.view({-1});    // [n]
-  if (impl_->world_size == 1) {
-    flat_output.copy_(flat_input);
-    return PendingCollective();
-  }
-  if (n == 0) return PendingCollective();
-  c10d::Backend& group = impl_->group_for(input, "all_gather_into");
-  auto state = std::make_unique<PendingCollective::State>();
-  state->impl = impl_;
-  state->op = "all_gather_into";
-  state->output = flat_output;
-  state->input = flat_input;
-  impl_->started();
-  try {
-    state->work = group._allgather_base(flat_output, flat_input);
-  } catch (const std::exception& e) {
-    impl_->finished();
-    impl_->failed_operation = "all_gather_into";
-    DSCHAT_THROW(Error, "dist::all_gather_into failed to start on rank ", impl_->rank, ": ", describe_error(e));
-  }
-  return PendingCollective(std::move(state));
-}
-
 void Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
-  check_pair(output, input, "reduce_scatter");
-  const int64_t n = output.numel();
-  const int64_t world = impl_->world_size;
-  DSCHAT_CHECK(input.numel() == world * n, InvalidArgument, "dist::reduce_scatter: input has ", input.numel(),
-               " elements, expected world_size * output.numel() = ", world, " * ", n);
-  at::Tensor flat_output = output.view({-1});  // [n]
-  at::Tensor flat_input = input.view({-1});    // [world * n]
-  if (world == 1) {
-    flat_output.copy_(flat_input);
-    return;
-  }
-  if (n == 0) return;
-  c10d::Backend& group = impl_->group_for(input, "reduce_scatter");
-  if (input.is_cuda()) {  // NCCL reduce-scatters natively
-    impl_->run("reduce_scatter", [&] { return group._reduce_scatter_base(flat_output, flat_input); });
-    return;
-  }
-  // Gloo's own reduce_scatter all-reduces the whole [world * n] input and keeps one slice: each rank
-  // moves ~2 (world - 1) n elements. An all-to-all delivers to every rank just the world chunks
-  // of its own slice, (world - 1) n elements in and out as in a ring reduce-scatter, and the sum is
-  // then taken locally in rank order, so it is deterministic.
-  at::Tensor chunks_for_me = at::empty({world, n}, input.options());  // [world, n]: row r from rank r
-  at::Tensor flat_chunks = chunks_for_me.view({-1});
-  std::vector<int64_t> equal_splits;  // empty = world equal parts
-  impl_->run("reduce_scatter", [&] {
-    return group.alltoall_base(flat_chunks, flat_input, equal_splits, equal_splits);
-  });
-  at::sum_out(flat_output, chunks_for_me, {0}, /*keepdim=*/false, input.scalar_type());
+  start_reduce_scatter(output, input).wait();
 }
 
 void Communicator::barrier() {

@@ -75,12 +75,6 @@ ZeroConfig parse_zero(JsonObject object, std::vector<std::string>& unacted) {
                ": offload_optimizer needs stage 1, 2 or 3 (stage is 0)");
   DSCHAT_CHECK(zero.offload_optimizer.ratio == 1.0 || zero.stage == 3, ConfigError, object.where(),
                ": offload_optimizer.ratio < 1 needs stage 3");
-  // Accepted, with behaviour that does not change: dschat's reduction order is fixed and its
-  // gradient reduction is not overlapped with backward below stage 3 (stage 3 prefetches its
-  // parameter all-gathers instead).
-  if (object.has("overlap_comm") && zero.overlap_comm && zero.stage < 3) {
-    unacted.push_back("zero_optimization.overlap_comm (stages 1-2)");
-  }
   if (!zero.reduce_scatter) unacted.push_back("zero_optimization.reduce_scatter=false (dschat always reduce-scatters)");
   if (zero.offload_optimizer.ratio < 1.0) unacted.push_back("zero_optimization.offload_optimizer.ratio");
   for (const char* key : {"round_robin_gradients", "sub_group_size", "stage3_max_reuse_distance",

@@ -134,19 +134,26 @@ void FlatParameterGroup::release() {
   flat_params_ = torch::Tensor();
 }
 
-void FlatParameterGroup::accumulate_gradients() {
-  if (!trainable_) return;
-  torch::NoGradGuard no_grad;
+void FlatParameterGroup::ensure_gradient_buffer() {
   if (!flat_grad_.defined()) {
     flat_grad_ = torch::zeros({layout_.padded_numel}, torch::dtype(torch::kFloat32).device(context_.model_device));
   }
-  for (size_t i = 0; i < members_.size(); ++i) {
-    torch::Tensor& grad = members_[i].param.mutable_grad();
-    if (!grad.defined()) continue;
-    const FlatSlot& slot = layout_.slots[i];
-    flat_grad_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
-    grad = torch::Tensor();
-  }
+}
+
+void FlatParameterGroup::take_gradient(size_t member) {
+  torch::Tensor& grad = members_[member].param.mutable_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  ensure_gradient_buffer();
+  const FlatSlot& slot = layout_.slots[member];
+  flat_grad_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+  grad = torch::Tensor();
+}
+
+void FlatParameterGroup::accumulate_gradients() {
+  if (!trainable_) return;
+  ensure_gradient_buffer();
+  for (size_t i = 0; i < members_.size(); ++i) take_gradient(i);
 }
 
 void FlatParameterGroup::reduce_gradients() {
@@ -174,6 +181,50 @@ void FlatParameterGroup::reduce_gradients() {
   }
   // Stages 2-3 keep only their partition of the gradients; stage 1 reuses the buffer next step.
   if (context_.stage >= 2) flat_grad_ = torch::Tensor();
+}
+
+void FlatParameterGroup::begin_gradient_reduction(const ElementRange& range) {
+  DSCHAT_CHECK(trainable_ && flat_grad_.defined() && !partition_params_, Error, "ZeRO group '", label_,
+               "': no flat gradient buffer to reduce");
+  torch::NoGradGuard no_grad;
+  torch::Tensor input = flat_grad_.narrow(0, range.begin, range.size());  // [range]
+  PendingReduction pending;
+  if (owner_world() == 1) {  // stage 0 (or a world of one): every rank keeps the whole average
+    if (context_.world_size > 1) pending.work = context_.communicator->start_all_reduce(input, dist::ReduceOp::Avg);
+    pending_reductions_.push_back(std::move(pending));
+    return;
+  }
+  // Rank r receives the part of the range inside its partition; partitions are consecutive, so
+  // these parts are consecutive segments of the range.
+  std::vector<int64_t> counts;
+  for (int64_t r = 0; r < owner_world(); ++r) counts.push_back(intersect(range, layout_.partition(r)).size());
+  pending.owned_part = intersect(range, owned_range());
+  pending.reduced = torch::empty({pending.owned_part.size()}, flat_grad_.options());  // [owned part]
+  pending.work = context_.communicator->start_reduce_scatter(pending.reduced, input, counts);
+  pending_reductions_.push_back(std::move(pending));
+}
+
+void FlatParameterGroup::finish_gradient_reductions() {
+  if (pending_reductions_.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<PendingReduction> pending = std::move(pending_reductions_);
+  pending_reductions_.clear();
+  for (PendingReduction& reduction : pending) reduction.work.wait();
+  if (owner_world() == 1) return;  // averaged in place: the buffer is the gradient
+  const ElementRange owned = owned_range();
+  if (!grad_partition_.defined()) grad_partition_ = new_state_tensor(owned.size());
+  for (PendingReduction& reduction : pending) {
+    if (reduction.owned_part.size() == 0) continue;
+    // The same division and addition as reduce_gradients(): the same values, bit for bit.
+    reduction.reduced.div_(static_cast<double>(context_.world_size));
+    grad_partition_.narrow(0, reduction.owned_part.begin - owned.begin, reduction.owned_part.size())
+        .add_(reduction.reduced.to(context_.state_device));
+  }
+  if (context_.stage >= 2) {
+    flat_grad_ = torch::Tensor();
+  } else {
+    flat_grad_.zero_();
+  }
 }
 
 torch::Tensor FlatParameterGroup::owned_gradients() const {

@@ -73,9 +73,23 @@ class FlatParameterGroup {
 
   /// Moves the members' .grad() into the fp32 flat gradient buffer (adding) and drops them.
   void accumulate_gradients();
+  /// The same for member `member` alone (nothing when it has no .grad).
+  void take_gradient(size_t member);
+  /// Allocates the fp32 flat gradient buffer (zeros) unless it exists.
+  void ensure_gradient_buffer();
   /// Collective: stage 0 all-reduces (averages) the flat gradients in place; stages 1-3
   /// reduce-scatter them (averaged) into the owned gradient partition (adding) and free them.
   void reduce_gradients();
+  /// Overlapped reduction (overlap_comm), one contiguous range of the flat gradient buffer at a
+  /// time, started while backward still runs. Collective, in the same order on every rank:
+  /// stage 0 averages the range in place (all-reduce); stages 1-2 reduce-scatter it (averaged)
+  /// onto the owners, each rank receiving the range's part in its own partition (possibly none).
+  /// The range must not be written until finish_gradient_reductions().
+  void begin_gradient_reduction(const ElementRange& range);
+  /// Waits for the begun ranges; stages 1-2 add their parts into the owned gradient partition and
+  /// then free (stage 2) or zero (stage 1: a second backward before the step adds only its own
+  /// gradients) the flat buffer, as reduce_gradients() leaves it.
+  void finish_gradient_reductions();
   /// [owned] fp32 gradients of the owned range (undefined before any gradient).
   torch::Tensor owned_gradients() const;
   /// [owned] fp32 master values of the owned range (trainable groups).
@@ -125,6 +139,14 @@ class FlatParameterGroup {
     std::optional<dist::PendingCollective> work;
   };
   std::vector<PendingBucket> pending_buckets_;
+  // Gradient ranges being reduced: the part of the range this rank owns, the [owned part] result
+  // of a reduce-scatter (stages 1-2) and the handle.
+  struct PendingReduction {
+    ElementRange owned_part;  // within the flat buffer
+    torch::Tensor reduced;    // [owned_part] fp32 sum over ranks (undefined at stage 0)
+    dist::PendingCollective work;
+  };
+  std::vector<PendingReduction> pending_reductions_;
 };
 
 }  // namespace engine

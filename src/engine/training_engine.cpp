@@ -88,6 +88,7 @@ void TrainingEngine::backward(const torch::Tensor& loss) {
   torch::Tensor scaled = loss.to(torch::kFloat32);  // fp16 losses are scaled in fp32, as DeepSpeed does
   if (options_.config.gradient_accumulation_steps > 1) scaled = scaled / options_.config.gradient_accumulation_steps;
   if (scaler_.scale() != 1.0) scaled = scaled * scaler_.scale();
+  zero_->before_backward(is_gradient_accumulation_boundary());
   scaled.backward();
   zero_->after_backward();
 }

@@ -6,6 +6,7 @@
 #include "dschat/core/error.h"
 #include "dschat/engine/param_groups.h"
 #include "dschat/models/backbone.h"
+#include "engine/overlap_reducer.h"
 #include "engine/zero3_hooks.h"
 
 namespace dschat {
@@ -64,9 +65,17 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& conte
   }
   build_groups(module, zero);
   build_optimizer(optimizer, lora_learning_rate);
+  if (zero.overlap_comm && context_.stage < 3) {
+    std::vector<FlatParameterGroup*> trainable;
+    for (const auto& group : groups_) {
+      if (group->trainable()) trainable.push_back(group.get());
+    }
+    overlap_ = std::make_unique<OverlappedGradientReducer>(std::move(trainable), context_.reduce_bucket_elements);
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  overlap_.reset();  // removes the hooks before the groups they point into go
   if (backbone_ && backbone_->layer_parameter_hooks() == hooks_.get()) backbone_->set_layer_parameter_hooks(nullptr);
 }
 
@@ -149,7 +158,16 @@ void ZeroOptimizer::build_optimizer(const OptimizerConfig& optimizer, double lor
       optimizer_grouped_parameters(named_pieces, optimizer.lr, optimizer.weight_decay, lora_learning_rate), adam);
 }
 
+void ZeroOptimizer::before_backward(bool boundary) {
+  if (overlap_ && (context_.stage == 2 || boundary)) overlap_->arm();
+}
+
 void ZeroOptimizer::after_backward() {
+  if (overlap_ && overlap_->armed()) {
+    overlap_->finish();
+    if (context_.stage < 2) reduced_in_backward_ = true;
+    return;
+  }
   // Stage 3's layer groups were reduced by the hooks inside backward; the rest is done here.
   for (const auto& group : groups_) {
     if (context_.stage >= 2) {
@@ -161,7 +179,7 @@ void ZeroOptimizer::after_backward() {
 }
 
 void ZeroOptimizer::reduce_at_boundary() {
-  if (context_.stage >= 2) return;
+  if (context_.stage >= 2 || reduced_in_backward_) return;
   for (const auto& group : groups_) group->reduce_gradients();
 }
 
@@ -215,6 +233,7 @@ void ZeroOptimizer::publish_all() {
 }
 
 void ZeroOptimizer::zero_gradients() {
+  reduced_in_backward_ = false;
   for (OwnedPiece& piece : pieces_) piece.value.mutable_grad() = torch::Tensor();
   for (const auto& group : groups_) group->zero_gradients();
   for (auto& [name, param] : ungrouped_) param.mutable_grad() = torch::Tensor();

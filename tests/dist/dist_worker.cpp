@@ -4,7 +4,8 @@
 // every check passed; a dschat error goes to stderr with exit status 1.
 //
 // usage: dschat_dist_worker <scenario> <timeout_ms> [steps]
-//   collectives   every collective on rank-dependent inputs, compared with closed forms
+//   collectives   every collective (and the start_* forms) on rank-dependent inputs, compared with
+//                 closed forms
 //   peer_exits    rank 1 kills itself after joining; rank 0 then all_reduces (must throw)
 //   peer_hangs    rank 1 sleeps after joining; rank 0 then all_reduces (must time out)
 //   steps         `steps` rounds of all_reduce 50 ms apart, printing "rank R step I" after each
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dschat/core/error.h"
 #include "dschat/dist/launch_env.h"
@@ -105,6 +107,28 @@ void run_collectives(Communicator& comm) {
   at::Tensor scatter_out_b = at::empty({1}, at::kBFloat16);
   comm.reduce_scatter(scatter_out_b, scatter_in_b);
   expect_equal("reduce_scatter_n1_bf16", scatter_out_b, at::full({1}, static_cast<double>(w), at::kBFloat16));
+
+  // The start_* forms, three in flight at once and waited out of order. Uneven counts: rank i
+  // receives i elements (rank 0 none, yet it still sends its segments to the others).
+  std::vector<int64_t> counts;
+  for (int64_t i = 0; i < w; ++i) counts.push_back(i);
+  const int64_t total = w * (w - 1) / 2;
+  const int64_t first = r * (r - 1) / 2;                           // where rank r's segment starts
+  at::Tensor uneven_in = at::arange(total, at::kFloat) * (r + 1);  // [total]
+  at::Tensor uneven_out = at::empty({r}, at::kFloat);              // [r]
+  dschat::dist::PendingCollective uneven = comm.start_reduce_scatter(uneven_out, uneven_in, counts);
+  at::Tensor even_in = at::arange(w * 4, at::kDouble) + r;  // [w * 4]
+  at::Tensor even_out = at::empty({4}, at::kDouble);        // [4]
+  dschat::dist::PendingCollective even = comm.start_reduce_scatter(even_out, even_in);
+  at::Tensor averaged = at::full({2}, static_cast<double>(r), at::kFloat);  // [2]
+  dschat::dist::PendingCollective average = comm.start_all_reduce(averaged, ReduceOp::Avg);
+  average.wait();
+  even.wait();
+  uneven.wait();
+  expect_equal("start_reduce_scatter_uneven", uneven_out,
+               at::arange(first, first + r, at::kFloat) * static_cast<double>(w * (w + 1) / 2));
+  expect_equal("start_reduce_scatter_even", even_out, at::arange(r * 4, r * 4 + 4, at::kDouble) * w + rank_sum);
+  expect_equal("start_all_reduce_avg", averaged, at::full({2}, (w - 1) / 2.0, at::kFloat));
 
   // Barrier: ranks arrive staggered; nobody may leave before the last one arrived.
   std::this_thread::sleep_for(std::chrono::milliseconds(100 * (w - 1 - r)));

@@ -17,7 +17,7 @@ using testing::count_lines_starting;
 using testing::Process;
 using testing::TempDir;
 
-constexpr int kCollectiveChecks = 12;  // the expect_equal calls in dist_worker.cpp's run_collectives
+constexpr int kCollectiveChecks = 15;  // the expect_equal calls in dist_worker.cpp's run_collectives
 
 std::string cli() { return DSCHAT_CLI_PATH; }
 std::string worker() { return DSCHAT_DIST_WORKER_PATH; }

@@ -140,6 +140,11 @@ TEST(DistCommunicator, WorldOfOneNeedsNoNetworkAndIsIdentity) {
   EXPECT_TRUE(at::equal(out, t));
   comm.reduce_scatter(out, t * 2);
   EXPECT_TRUE(at::equal(out, t * 2));
+  comm.start_reduce_scatter(out, t * 3, {4}).wait();
+  EXPECT_TRUE(at::equal(out, t * 3));
+  dist::PendingCollective average = comm.start_all_reduce(out, dist::ReduceOp::Avg);
+  average.wait();
+  EXPECT_TRUE(at::equal(out, t * 3));
 }
 
 TEST(DistCommunicator, RejectsBadArguments) {
@@ -149,6 +154,8 @@ TEST(DistCommunicator, RejectsBadArguments) {
   EXPECT_THROW_WITH(comm.broadcast(t, 1), core::InvalidArgument, "src rank 1");
   EXPECT_THROW_WITH(comm.all_gather_into(small, t), core::InvalidArgument, "all_gather_into: output has 3");
   EXPECT_THROW_WITH(comm.reduce_scatter(t, small), core::InvalidArgument, "reduce_scatter: input has 3");
+  EXPECT_THROW_WITH(comm.start_reduce_scatter(small, t, {4, 0}), core::InvalidArgument, "2 counts for a world of 1");
+  EXPECT_THROW_WITH(comm.start_reduce_scatter(small, t, {4}), core::InvalidArgument, "counts[0] = 4");
   at::Tensor ints = at::zeros({2}, at::kLong);
   EXPECT_THROW_WITH(comm.all_reduce(ints, dist::ReduceOp::Avg), core::InvalidArgument, "floating-point");
   at::Tensor strided = at::zeros({4, 4}).t();
@@ -176,7 +183,7 @@ std::string describe(const testing::JobOutcome& job) { return job.describe(); }
 using testing::count_lines_starting;
 
 void expect_collectives_pass(int world_size) {
-  constexpr int kChecks = 12;  // the expect_equal calls in dist_worker.cpp's run_collectives
+  constexpr int kChecks = 15;  // the expect_equal calls in dist_worker.cpp's run_collectives
   testing::JobOutcome job = run_job("collectives", world_size, 10000, std::chrono::seconds(60));
   ASSERT_FALSE(job.deadline_hit) << describe(job);
   for (const testing::RankOutcome& rank : job.ranks) {

@@ -43,7 +43,7 @@ TEST(DeepSpeedConfig, DeepSpeedChatTrainConfigParsesUnchanged) {
   EXPECT_DOUBLE_EQ(config.gradient_clipping, 1.0);
   EXPECT_FALSE(config.optimizer.has_value());
   EXPECT_EQ(config.not_acted_on,
-            (std::vector<std::string>{"zero_optimization.offload_param (stage < 3)", "zero_optimization.overlap_comm (stages 1-2)",
+            (std::vector<std::string>{"zero_optimization.offload_param (stage < 3)",
                                       "zero_optimization.memory_efficient_linear"}));
 }
 

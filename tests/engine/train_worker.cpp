@@ -8,7 +8,8 @@
 // figures, and a checksum of the final parameters.
 //
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
-//            [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load] [--timeout-ms T]
+//            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
+//            [--timeout-ms T]
 #include <ATen/Parallel.h>
 
 #include <chrono>
@@ -37,6 +38,7 @@ struct Args {
   int64_t stop_at = -1;  // stop after this many steps (an "interrupted" run); -1: run all
   int64_t layers = 4;
   bool offload = false;
+  bool overlap_comm = false;  // zero_optimization.overlap_comm
   bool bf16 = false;
   std::string save_dir;
   int64_t save_every = 0;
@@ -60,6 +62,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--stop-at") args.stop_at = std::stoll(value());
     else if (flag == "--layers") args.layers = std::stoll(value());
     else if (flag == "--offload") args.offload = true;
+    else if (flag == "--overlap-comm") args.overlap_comm = true;
     else if (flag == "--bf16") args.bf16 = true;
     else if (flag == "--save-dir") args.save_dir = value();
     else if (flag == "--save-every") args.save_every = std::stoll(value());
@@ -121,6 +124,7 @@ int run(const Args& args) {
     ds["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
     if (args.stage == 3) ds["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   }
+  if (args.overlap_comm) ds["zero_optimization"]["overlap_comm"] = true;
   if (args.bf16) ds["bf16"] = {{"enabled", true}};
   engine::TrainingEngineOptions options;
   options.config = engine::DeepSpeedConfig::parse(ds, world, "train_worker");

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "dschat/engine/training_engine.h"
+#include "dschat/nn/checkpoint.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -194,23 +195,56 @@ TEST(TrainingEngine, UnimplementedSettingsAreRefused) {
 }
 
 TEST(TrainingEngine, StagesOneAndTwoInOneProcessMatchStageZero) {
-  // In a world of one, partitioning changes nothing but the code path: same values bit for bit.
+  // In a world of one, partitioning and overlap_comm change nothing but the code path: same values
+  // bit for bit. Accumulation over 2 micro-steps, so stages 0-1 overlap only the boundary's backward.
   auto data = batches(6, 4);
   std::vector<torch::Tensor> finals;
-  for (int stage : {0, 1, 2}) {
-    auto model = tiny_model();
-    torch::nn::Sequential seq(model);
-    json ds = {{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_clipping", 0.5},
-               {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50}, {"allgather_bucket_size", 30}}}};
-    engine::TrainingEngine engine(model, options_for(ds, 1, 3));
-    for (const auto& b : data) {
-      engine.backward(mse(seq, b));
-      engine.step();
+  for (bool overlap : {false, true}) {
+    for (int stage : {0, 1, 2}) {
+      auto model = tiny_model();
+      torch::nn::Sequential seq(model);
+      json ds = {{"train_batch_size", 8}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_clipping", 0.5},
+                 {"zero_optimization",
+                  {{"stage", stage},
+                   {"reduce_bucket_size", 50},
+                   {"allgather_bucket_size", 30},
+                   {"overlap_comm", overlap}}}};
+      engine::TrainingEngine engine(model, options_for(ds, 1, 3));
+      for (const auto& b : data) {
+        engine.backward(mse(seq, b));
+        engine.step();
+      }
+      finals.push_back(torch::cat({model->parameters()[0].flatten(), model->parameters()[3].flatten()}));
     }
-    finals.push_back(torch::cat({model->parameters()[0].flatten(), model->parameters()[3].flatten()}));
   }
-  EXPECT_TRUE(torch::equal(finals[0], finals[1]));
-  EXPECT_TRUE(torch::equal(finals[0], finals[2]));
+  for (size_t i = 1; i < finals.size(); ++i) EXPECT_TRUE(torch::equal(finals[0], finals[i])) << "run " << i;
+}
+
+// One Linear applied in two activation-checkpointed segments: backward recomputes each segment
+// separately, so the weight's gradient arrives twice in one backward.
+struct SharedAcrossSegments : torch::nn::Module {
+  SharedAcrossSegments() : linear(register_module("linear", torch::nn::Linear(4, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {  // x: [B, 4]
+    auto segment = [this](const torch::Tensor& h) { return linear->forward(h).tanh(); };
+    return nn::checkpoint(segment, nn::checkpoint(segment, x)).pow(2).mean();
+  }
+  torch::nn::Linear linear;
+};
+
+TEST(TrainingEngine, OverlapCommRefusesAGradientArrivingAfterItsBucketWasReduced) {
+  const json ds = {{"train_batch_size", 2}, {"train_micro_batch_size_per_gpu", 2},
+                   {"zero_optimization", {{"stage", 2}, {"overlap_comm", true}}}};
+  auto model = std::make_shared<SharedAcrossSegments>();
+  engine::TrainingEngine engine(model, options_for(ds, 0, 1));
+  // [2, 4]; requiring grad makes both segments take part in backward.
+  const torch::Tensor x = torch::randn({2, 4}).requires_grad_(true);
+  EXPECT_THROW_WITH(engine.backward(model->forward(x)), core::Unsupported, "parameter 'linear.");
+  // Without overlap_comm the two contributions are simply added.
+  auto plain = std::make_shared<SharedAcrossSegments>();
+  json no_overlap = ds;
+  no_overlap["zero_optimization"]["overlap_comm"] = false;
+  engine::TrainingEngine plain_engine(plain, options_for(no_overlap, 0, 1));
+  EXPECT_NO_THROW(plain_engine.backward(plain->forward(x)));
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ struct Run {
   int64_t save_every = 0;
   bool load = false;
   int64_t stop_at = -1;  // an interrupted run: stops after this many of the `steps` scheduled
+  bool overlap_comm = false;
 };
 
 json train(const Run& run) {
@@ -37,6 +38,7 @@ json train(const Run& run) {
   spec.argv = {DSCHAT_TRAIN_WORKER_PATH, "--out", (out / "report.json").string(), "--stage", std::to_string(run.stage),
                "--gas", std::to_string(run.gas), "--steps", std::to_string(run.steps)};
   if (run.offload) spec.argv.push_back("--offload");
+  if (run.overlap_comm) spec.argv.push_back("--overlap-comm");
   if (!run.save_dir.empty()) spec.argv.insert(spec.argv.end(), {"--save-dir", run.save_dir});
   if (run.save_every > 0) spec.argv.insert(spec.argv.end(), {"--save-every", std::to_string(run.save_every)});
   if (run.load) spec.argv.push_back("--load");
@@ -69,6 +71,7 @@ struct Layout {
   int stage;
   int world;
   bool offload;
+  bool overlap_comm = false;  // gradients reduced bucket by bucket during backward
 };
 
 class ZeroMultiprocEquivalence : public ::testing::TestWithParam<Layout> {};
@@ -77,7 +80,10 @@ TEST_P(ZeroMultiprocEquivalence, SameLossesAsOneProcessOverTwentySteps) {
   const Layout layout = GetParam();
   const json& reference = reference_run();
   ASSERT_EQ(reference["losses"].size(), 20u);
-  const json report = train({layout.stage, layout.world, 4 / layout.world, 20, layout.offload});
+  // Qualified: in a test body plain Run is testing::Test::Run.
+  dschat::Run run{layout.stage, layout.world, 4 / layout.world, 20, layout.offload};
+  run.overlap_comm = layout.overlap_comm;
+  const json report = train(run);
   ASSERT_TRUE(report.contains("losses"));
   expect_same_losses(report["losses"], reference["losses"], 0, 1e-5);
   EXPECT_NEAR(report["checksum"].get<double>(), reference["checksum"].get<double>(),
@@ -91,11 +97,29 @@ INSTANTIATE_TEST_SUITE_P(StagesAndWorlds, ZeroMultiprocEquivalence,
                                            Layout{1, 2, false}, Layout{1, 4, false}, Layout{2, 1, false},
                                            Layout{2, 2, false}, Layout{2, 4, false}, Layout{3, 1, false},
                                            Layout{3, 2, false}, Layout{3, 4, false}, Layout{3, 2, true},
-                                           Layout{2, 2, true}),
+                                           Layout{2, 2, true},
+                                           // overlap_comm; world 2 accumulates 2 micro-steps, world 4 one
+                                           Layout{0, 2, false, true}, Layout{1, 2, false, true},
+                                           Layout{1, 4, false, true}, Layout{2, 2, false, true},
+                                           Layout{2, 4, false, true}),
                          [](const ::testing::TestParamInfo<Layout>& info) {
                            return "stage" + std::to_string(info.param.stage) + "_world" +
-                                  std::to_string(info.param.world) + (info.param.offload ? "_offload" : "");
+                                  std::to_string(info.param.world) + (info.param.offload ? "_offload" : "") +
+                                  (info.param.overlap_comm ? "_overlap" : "");
                          });
+
+TEST(ZeroMultiprocOverlap, SameBitsAsWithoutOverlap) {
+  // overlap_comm reduces contiguous buckets (uneven reduce-scatters, some spanning two ranks'
+  // partitions) instead of column rounds, during backward: the same sums in the same rank order.
+  dschat::Run plain{2, 4, 1, 4};
+  dschat::Run overlapped = plain;
+  overlapped.overlap_comm = true;
+  const json expected = train(plain);
+  const json got = train(overlapped);
+  ASSERT_TRUE(got.contains("losses"));
+  EXPECT_EQ(got["losses"], expected["losses"]);
+  EXPECT_EQ(got["checksum"], expected["checksum"]);
+}
 
 TEST(ZeroMultiprocMemory, EachStagePartitionsWhatItShould) {
   // Per-rank bytes on 4 ranks, relative to stage 0 (everything replicated).

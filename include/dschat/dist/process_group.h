@@ -5,7 +5,7 @@
 // its tensors.
 //
 // Every call is blocking (for NCCL: enqueued on the current CUDA stream, as torch.distributed
-// does), except start_all_gather_into, and must be made by all ranks in the same order. A rank
+// does), except the start_* calls, and must be made by all ranks in the same order. A rank
 // that dies or stops answering does not hang the others: the Gloo transport and the store give up
 // after `timeout`, and the call throws core::Error naming the operation. The communicator is
 // unusable after that.
@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dschat/dist/launch_env.h"
 
@@ -45,7 +46,7 @@ constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::min
 
 class Communicator;
 
-/// A collective started by Communicator::start_all_gather_into and not yet waited for. Movable;
+/// A collective started by one of Communicator's start_* calls and not yet waited for. Movable;
 /// a default-constructed or already waited one holds nothing.
 class PendingCollective {
  public:
@@ -57,8 +58,10 @@ class PendingCollective {
   /// communicator unusable (its next call throws, naming the failed operation).
   ~PendingCollective();
 
-  /// Blocks until the collective is done (NCCL: until it is enqueued on the current stream), and
-  /// throws core::Error like the blocking calls when it failed. A second call does nothing.
+  /// Blocks until the collective is done (NCCL: until it is enqueued on the current stream), then
+  /// runs its local epilogue (the division of an Avg, the rank-ordered sum of a Gloo
+  /// reduce-scatter); throws core::Error like the blocking calls when it failed. A second call
+  /// does nothing.
   void wait();
 
  private:
@@ -88,6 +91,10 @@ class Communicator {
   /// In place, elementwise over ranks. Avg is a sum divided by world_size (floating dtypes only).
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 
+  /// all_reduce that returns at once, with start_all_gather_into's rules; an Avg is divided when
+  /// the handle is waited.
+  PendingCollective start_all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+
   /// In place: every rank ends with rank `src`'s values.
   void broadcast(at::Tensor& tensor, int64_t src);
 
@@ -102,6 +109,18 @@ class Communicator {
 
   /// output [n] <- sum over ranks r of input_r[rank * n, (rank + 1) * n); input [world * n].
   void reduce_scatter(at::Tensor& output, const at::Tensor& input);
+
+  /// reduce_scatter that returns at once, with start_all_gather_into's rules. On Gloo (an
+  /// all-to-all, then a local sum in rank order) the sum runs when the handle is waited.
+  PendingCollective start_reduce_scatter(at::Tensor& output, const at::Tensor& input);
+
+  /// Uneven reduce-scatter (MPI's recvcounts): input [sum(counts)] is world consecutive segments,
+  /// segment r having counts[r] elements; output [counts[rank]] <- the sum over ranks of their
+  /// segment `rank`. `counts` (world_size entries, >= 0) must be the same on every rank; a rank
+  /// whose count is 0 still takes part. An all-to-all plus a local sum in rank order on both
+  /// backends (on Gloo the same values as reduce_scatter's, bit for bit).
+  PendingCollective start_reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                                         const std::vector<int64_t>& counts);
 
   /// Returns once every rank has entered it.
   void barrier();

@@ -26,7 +26,9 @@
 //            parameters outside the layers (embeddings, final norm, heads) are gathered at the
 //            first forward after a step and released at the step. Needs a model with a
 //            models::Backbone (CausalLM, ValueHeadModel).
-// Collectives are bucketed by reduce_bucket_size / allgather_bucket_size. offload_optimizer
+// Collectives are bucketed by reduce_bucket_size / allgather_bucket_size; with overlap_comm,
+// stages 0-2 reduce each gradient bucket during backward as soon as it is complete (stage 0-1:
+// in the accumulation boundary's backward). offload_optimizer
 // keeps the fp32 partition, its gradients and the moments on the CPU (pinned on CUDA builds) and
 // steps them with the CPU AdamW; offload_param keeps stage 3's parameter partitions there.
 
