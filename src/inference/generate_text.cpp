@@ -16,10 +16,11 @@ torch::Tensor to_tensor(const std::vector<std::vector<int64_t>>& rows) {
   return out;
 }
 
-}  // namespace
-
-std::vector<std::string> generate_text(models::CausalLM& model, const tokenizer::Tokenizer& tokenizer,
-                                       const std::vector<std::string>& prompts, core::GenerationConfig config) {
+// Tokenizes (left-padded), runs `run(ids, mask)` on the model's device, decodes the new tokens.
+template <typename Generate>
+std::vector<std::string> generate_with(models::CausalLM& model, const tokenizer::Tokenizer& tokenizer,
+                                       const std::vector<std::string>& prompts, core::GenerationConfig config,
+                                       Generate&& run) {
   DSCHAT_CHECK(!prompts.empty(), InvalidArgument, "generate: no prompt given");
   if (!config.eos_token_id) config.eos_token_id = tokenizer.eos_token_id();
   if (!config.pad_token_id) config.pad_token_id = tokenizer.pad_token_id() ? tokenizer.pad_token_id() : config.eos_token_id;
@@ -30,7 +31,7 @@ std::vector<std::string> generate_text(models::CausalLM& model, const tokenizer:
   torch::Tensor ids = to_tensor(encoded.input_ids);        // [B, T]
   torch::Tensor mask = to_tensor(encoded.attention_mask);  // [B, T]
   auto device = model->parameters().front().device();
-  GenerationResult result = generate(model, ids.to(device), mask.to(device), config);
+  GenerationResult result = run(ids.to(device), mask.to(device), config);
   const int64_t prompt_length = ids.size(1);
   torch::Tensor sequences = result.sequences.cpu();  // [B, T + N]
   torch::Tensor kept = result.attention_mask.cpu();  // [B, T + N]
@@ -43,6 +44,24 @@ std::vector<std::string> generate_text(models::CausalLM& model, const tokenizer:
     texts.push_back(tokenizer.decode(new_ids, /*skip_special_tokens=*/true));
   }
   return texts;
+}
+
+}  // namespace
+
+std::vector<std::string> generate_text(models::CausalLM& model, const tokenizer::Tokenizer& tokenizer,
+                                       const std::vector<std::string>& prompts, core::GenerationConfig config) {
+  return generate_with(model, tokenizer, prompts, std::move(config),
+                       [&](const torch::Tensor& ids, const torch::Tensor& mask, const core::GenerationConfig& c) {
+                         return generate(model, ids, mask, c);
+                       });
+}
+
+std::vector<std::string> generate_text(InferenceEngine& engine, const tokenizer::Tokenizer& tokenizer,
+                                       const std::vector<std::string>& prompts, core::GenerationConfig config) {
+  return generate_with(engine.model(), tokenizer, prompts, std::move(config),
+                       [&](const torch::Tensor& ids, const torch::Tensor& mask, const core::GenerationConfig& c) {
+                         return engine.generate(ids, mask, c);
+                       });
 }
 
 }  // namespace inference

@@ -24,6 +24,9 @@ torch::Tensor Backbone::full_mask(const torch::Tensor& input_ids, const torch::T
 }
 
 void Backbone::begin_forward(const nn::KvCache* cache) {
+  // Refused here, before the hooks or the cache see anything; the layers check dropout as well.
+  nn::require_tensor_parallel_inference(tensor_parallel_.get(), cache != nullptr && !torch::GradMode::is_enabled(),
+                                        "backbone forward");
   if (layer_hooks_ == nullptr) return;
   // With hooks and grad every layer is recomputed in backward, and a recompute cannot replay
   // attention over a cache that has since moved on; cached generation runs without grad anyway.

@@ -21,9 +21,15 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   return down_proj(gate * up_proj(x));
 }
 
-torch::Tensor LlamaMlpImpl::forward_inference(const torch::Tensor& x) {
-  if (static_cast<nn::Activation>(activation_) != nn::Activation::Silu) return forward(x);
-  return down_proj(ops::silu_and_mul(gate_proj(x), up_proj(x)));  // [B, T, H]
+torch::Tensor LlamaMlpImpl::forward_inference(const torch::Tensor& x, nn::TensorParallelGroup* tensor_parallel) {
+  const auto activation = static_cast<nn::Activation>(activation_);
+  if (tensor_parallel == nullptr && activation != nn::Activation::Silu) return forward(x);
+  torch::Tensor gated = activation == nn::Activation::Silu
+                            ? ops::silu_and_mul(gate_proj(x), up_proj(x))
+                            : nn::apply_activation(activation, gate_proj(x)) * up_proj(x);  // [B, T, F]
+  // A tensor-parallel shard holds columns of down_proj: its output is a partial sum.
+  if (tensor_parallel != nullptr) return nn::row_parallel_linear(*down_proj, gated, *tensor_parallel);
+  return down_proj(gated);  // [B, T, H]
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config) {
@@ -49,8 +55,9 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const nn::A
     torch::Tensor a = self_attn->forward(input_layernorm(x), inputs, layer, cache, &attn_bias);  // [B, T, H]
     auto [f, h] = ops::bias_residual_rms_norm(a, attn_bias, x, post_attention_layernorm->weight,
                                               post_attention_layernorm->options.eps());
-    return h + mlp->forward_inference(f);
+    return h + mlp->forward_inference(f, inputs.tensor_parallel);
   }
+  nn::require_tensor_parallel_inference(inputs.tensor_parallel, false, "LLaMA decoder layer");
   torch::Tensor h = x + self_attn(input_layernorm(x), inputs, layer, cache);  // [B, T, H]
   return h + mlp(post_attention_layernorm(h));
 }
@@ -73,6 +80,7 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::T
 
   nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
   std::tie(inputs.cos, inputs.sin) = nn::rotary_cos_sin(config_, positions, h.scalar_type());  // [B, T, D] each
+  inputs.tensor_parallel = tensor_parallel_group().get();
   h = run_layers<LlamaDecoderLayerImpl>(layers, h, inputs, cache);
   return norm(h);  // [B, T, H]
 }

@@ -7,6 +7,7 @@
 #include "dschat/nn/attention.h"
 #include "dschat/nn/linear.h"
 #include "dschat/nn/rms_norm.h"
+#include "dschat/nn/tensor_parallel.h"
 
 namespace dschat {
 namespace models {
@@ -16,8 +17,10 @@ class LlamaMlpImpl : public torch::nn::Module {
   explicit LlamaMlpImpl(const core::ModelConfig& config);
   /// x: [B, T, H] -> down(act(gate(x)) * up(x)): [B, T, H]
   torch::Tensor forward(const torch::Tensor& x);
-  /// As forward, through the fused inference ops (ops::silu_and_mul for SiLU); no autograd.
-  torch::Tensor forward_inference(const torch::Tensor& x);
+  /// As forward, through the fused inference ops (ops::silu_and_mul for SiLU); no autograd. With
+  /// `tensor_parallel` this is one rank's slice of the features and down_proj's partial output
+  /// is all-reduced before its bias (nn::row_parallel_linear).
+  torch::Tensor forward_inference(const torch::Tensor& x, nn::TensorParallelGroup* tensor_parallel = nullptr);
 
   nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 

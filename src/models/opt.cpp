@@ -40,7 +40,11 @@ OptDecoderLayerImpl::OptDecoderLayerImpl(const core::ModelConfig& config)
       dropout_(config.dropout),
       activation_(static_cast<int>(nn::parse_activation(config.activation))) {
   const int64_t h = config.hidden_size;
+  // head_dim explicitly: a tensor-parallel shard has fewer heads of the same size (hidden / heads
+  // of the full model), which AttentionOptions' default hidden / num_heads would get wrong.
+  const int64_t head_dim = config.head_dim > 0 ? config.head_dim : h / config.num_attention_heads;
   self_attn = register_module("self_attn", nn::Attention(nn::AttentionOptions(h, config.num_attention_heads)
+                                                              .head_dim(head_dim)
                                                               .bias(config.enable_bias)
                                                               .output_name("out_proj")
                                                               .scale_query(true)
@@ -65,10 +69,14 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::Att
     if (!pre_norm_) h = f;
     torch::Tensor g = nn::linear_deferring_bias(*fc1, f, &fc1_bias);                          // [B, T, F]
     g = ops::bias_activation(g, fc1_bias, op_activation(static_cast<nn::Activation>(activation_)));
-    if (pre_norm_) return h + fc2(g);
-    torch::Tensor y = nn::linear_deferring_bias(*fc2, g, &fc2_bias);  // [B, T, H]
+    // A tensor-parallel shard holds columns of fc2: its output is a partial sum (row_parallel_linear).
+    nn::TensorParallelGroup* tp = inputs.tensor_parallel;
+    if (pre_norm_) return h + (tp != nullptr ? nn::row_parallel_linear(*fc2, g, *tp) : fc2(g));
+    torch::Tensor y = tp != nullptr ? nn::row_parallel_linear(*fc2, g, *tp, &fc2_bias)
+                                    : nn::linear_deferring_bias(*fc2, g, &fc2_bias);  // [B, T, H]
     return add_and_norm(final_layer_norm, y, fc2_bias, h).output;
   }
+  nn::require_tensor_parallel_inference(inputs.tensor_parallel, false, "OPT decoder layer");
   auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
   torch::Tensor residual = x;                                    // [B, T, H]
   torch::Tensor h = pre_norm_ ? self_attn_layer_norm(x) : x;     // [B, T, H]
@@ -114,6 +122,7 @@ torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Ten
   h = h + decoder->embed_positions(positions);         // [B, T, H]
 
   nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
+  inputs.tensor_parallel = tensor_parallel_group().get();
   h = run_layers<OptDecoderLayerImpl>(decoder->layers, h, inputs, cache);
   if (!decoder->final_layer_norm.is_empty()) h = decoder->final_layer_norm(h);
   if (!decoder->project_out.is_empty()) h = decoder->project_out(h);

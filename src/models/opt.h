@@ -6,6 +6,7 @@
 #include "dschat/models/backbone.h"
 #include "dschat/nn/attention.h"
 #include "dschat/nn/linear.h"
+#include "dschat/nn/tensor_parallel.h"
 
 namespace dschat {
 namespace models {

@@ -4,8 +4,13 @@
 
 #include "dschat/core/error.h"
 #include "dschat/nn/rotary.h"
+#include "dschat/nn/tensor_parallel.h"
 #include "dschat/ops/decode_attention.h"
 #include "dschat/ops/rotary.h"
+
+#ifdef DSCHAT_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
 
 namespace dschat {
 namespace nn {
@@ -21,6 +26,15 @@ double lowest_value(torch::ScalarType dtype) {
     case torch::kFloat64: return std::numeric_limits<double>::lowest();
     default: return std::numeric_limits<float>::lowest();
   }
+}
+
+bool capturing_cuda_graph(const torch::Tensor& tensor) {
+#ifdef DSCHAT_WITH_CUDA
+  return tensor.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  (void)tensor;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -39,7 +53,9 @@ torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t
 AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype) {
   AttentionInputs inputs;
   const int64_t total = attention_mask.size(1);
-  bool unpadded = attention_mask.numel() == 0 || attention_mask.all().item<bool>();
+  // Reading the mask on the host would synchronise a CUDA stream, which a CUDA-graph capture
+  // forbids; there the mask is taken as padded (the explicit-mask path is right for any mask).
+  bool unpadded = attention_mask.numel() == 0 || (!capturing_cuda_graph(attention_mask) && attention_mask.all().item<bool>());
   if (unpadded && new_tokens == total) {
     inputs.is_causal = true;
   } else if (!(unpadded && new_tokens == 1)) {
@@ -85,6 +101,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   const int64_t batch = x.size(0), steps = x.size(1), d = options.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const bool inference = use_inference_ops(cache, is_training() && options.dropout() > 0.0);
+  require_tensor_parallel_inference(inputs.tensor_parallel, inference, "attention");
   torch::Tensor q = q_proj(x);  // [B, T, H * D]
   if (options.scale_query()) q = q * scale;
   q = q.view({batch, steps, options.num_heads(), d}).transpose(1, 2);                  // [B, H, T, D]
@@ -116,6 +133,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
     if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
     out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal, score_scale);  // [B, H, T, D]
     out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});                    // [B, T, H * D]
+  }
+  if (inputs.tensor_parallel != nullptr) {
+    return row_parallel_linear(*o_proj, out, *inputs.tensor_parallel, deferred_bias);  // [B, T, hidden]
   }
   if (deferred_bias != nullptr) return linear_deferring_bias(*o_proj, out, deferred_bias);
   return o_proj(out);

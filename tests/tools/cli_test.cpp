@@ -1,7 +1,10 @@
-// The dschat CLI end to end: info, forward (parity through .npy files), generate, error exits.
+// The dschat CLI end to end: info, forward (parity through .npy files), generate, chat, error exits.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "dschat/io/npy.h"
+#include "rank_jobs.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -47,16 +50,52 @@ TEST(CliTest, ForwardValueHeadWritesPerTokenValues) {
   EXPECT_EQ(io::load_npy(tmp / "v.npy").sizes(), (torch::IntArrayRef{3, 10}));
 }
 
+std::string tiny_model_flags() {
+  return " --model " + (testing::source_dir() / "assets" / "tiny-opt").string() + " --tokenizer " +
+         (testing::source_dir() / "assets" / "gpt2-bpe").string();
+}
+
 TEST(CliTest, GenerateContinuesAPromptWithTheBundledModel) {
+  testing::TempDir tmp;
   std::string out;
-  std::string cmd = cli() + " generate --model " + (testing::source_dir() / "assets" / "tiny-opt").string() +
-                    " --tokenizer " + (testing::source_dir() / "assets" / "gpt2-bpe").string() +
-                    " --prompt 'Human: hello Assistant:' --max-new-tokens 5";
-  ASSERT_EQ(testing::run_command(cmd, &out), 0) << out;
+  std::string cmd = cli() + " generate" + tiny_model_flags() + " --prompt 'Human: hello Assistant:' --max-new-tokens 5";
+  // stdout only: stderr carries the statistics line, whose timings differ between runs.
+  // (run_command appends 2>&1, hence the subshells.)
+  ASSERT_EQ(testing::run_command("(" + cmd + " 2>" + (tmp / "err").string() + ")", &out), 0) << out;
   EXPECT_FALSE(out.empty());
   std::string again;
-  ASSERT_EQ(testing::run_command(cmd, &again), 0);
+  ASSERT_EQ(testing::run_command("(" + cmd + " 2>/dev/null)", &again), 0);
   EXPECT_EQ(out, again);  // greedy is deterministic
+  std::ifstream err_file(tmp / "err");
+  std::string err((std::istreambuf_iterator<char>(err_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("Generation => Latency: "), std::string::npos) << err;
+  EXPECT_NE(err.find("Per-token Latency"), std::string::npos) << err;
+  EXPECT_EQ(testing::run_command(cmd + " --max-out-tokens 8", &out), 1);
+  EXPECT_NE(out.find("exceeds max_out_tokens (8)"), std::string::npos) << out;
+}
+
+TEST(CliTest, ChatAnswersTwoTurnsThenQuits) {
+  std::string out;
+  const std::string cmd = "printf 'hello there\\nwhat is the moon\\nquit\\nnever read\\n' | " + cli() + " chat" +
+                          tiny_model_flags() + " --max-new-tokens 6";
+  ASSERT_EQ(testing::run_command("(" + cmd + " 2>/dev/null)", &out), 0) << out;
+  EXPECT_EQ(testing::count_lines_starting(out, "Assistant: "), 2) << out;
+  std::string again;
+  ASSERT_EQ(testing::run_command("(" + cmd + " 2>/dev/null)", &again), 0);
+  EXPECT_EQ(out, again);  // greedy: the same conversation twice
+  // `clear` then end of input (no quit): one answer, exit 0.
+  ASSERT_EQ(testing::run_command("(printf 'clear\\nhi\\n' | " + cli() + " chat" + tiny_model_flags() +
+                                     " --max-new-tokens 3 2>/dev/null)",
+                                 &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::count_lines_starting(out, "Assistant: "), 1) << out;
+}
+
+TEST(CliTest, ChatWithAMissingModelNamesIt) {
+  std::string out;
+  EXPECT_EQ(testing::run_command("echo hi | " + cli() + " chat --model /nonexistent/chat-model", &out), 1);
+  EXPECT_NE(out.find("dschat: error: model '/nonexistent/chat-model' not found"), std::string::npos) << out;
 }
 
 TEST(CliTest, BadArgumentsExitNonZeroWithANamedError) {

@@ -1,14 +1,19 @@
-// `dschat generate --model DIR --prompt TEXT [--tokenizer DIR] [--config gen.json] [sampling flags]`
-// Prints the completion of the prompt (the new text only) on stdout.
+// `dschat generate --model DIR --prompt TEXT [--tokenizer DIR] [--config gen.json] [--max-out-tokens N]
+//   [sampling flags]`
+// Prints the completion of each prompt (the new text only) on stdout and DeepSpeed-Chat's
+// "Generation => Latency: ..." line on stderr. The flags shared with `dschat chat` live in
+// generation_flags.h.
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "commands.h"
+#include "generation_flags.h"
 #include "model_flags.h"
 #include "dschat/core/error.h"
 #include "dschat/core/generation_config.h"
 #include "dschat/inference/generate_text.h"
+#include "dschat/inference/inference_engine.h"
 #include "dschat/inference/model_loader.h"
 
 namespace dschat {
@@ -19,6 +24,7 @@ struct GenerateOptions {
   std::string model, tokenizer, config_file, dtype = "fp32", init;
   std::vector<std::string> prompts;
   core::GenerationConfig generation;
+  int64_t max_out_tokens = 512;
 };
 
 void run_generate(GenerateOptions o) {
@@ -33,9 +39,15 @@ void run_generate(GenerateOptions o) {
   inference::LoadOptions load = load_options(o.dtype, o.init);
   auto model = inference::load_causal_lm(o.model, load);
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
-  for (const auto& text : inference::generate_text(model, tokenizer, o.prompts, o.generation)) {
+  inference::InferenceEngineOptions engine_options;
+  engine_options.max_out_tokens = o.max_out_tokens;
+  engine_options.log_stats = false;  // printed below, once
+  inference::InferenceEngine engine(model, engine_options);
+  for (const auto& text : inference::generate_text(engine, tokenizer, o.prompts, o.generation)) {
     std::cout << text << "\n";
   }
+  std::cout.flush();
+  std::cerr << inference::format_generation_stats(engine.last_stats()) << "\n";
 }
 
 }  // namespace
@@ -49,15 +61,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--config", o->config_file, "Generation config JSON (HF GenerationConfig keys); replaces the flags");
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--init", o->init, "'random': preset or config.json shapes with random weights");
-  auto& g = o->generation;
-  cmd->add_option("--max-new-tokens", g.max_new_tokens)->capture_default_str();
-  cmd->add_option("--min-new-tokens", g.min_new_tokens)->capture_default_str();
-  cmd->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
-  cmd->add_option("--temperature", g.temperature)->capture_default_str();
-  cmd->add_option("--top-k", g.top_k)->capture_default_str();
-  cmd->add_option("--top-p", g.top_p)->capture_default_str();
-  cmd->add_option("--repetition-penalty", g.repetition_penalty)->capture_default_str();
-  cmd->add_option("--seed", g.seed)->capture_default_str();
+  cmd->add_option("--max-out-tokens", o->max_out_tokens, "Prompt + new tokens the KV workspace holds")
+      ->capture_default_str();
+  add_generation_flags(*cmd, o->generation);
   cmd->callback([o] { run_generate(*o); });
 }
 

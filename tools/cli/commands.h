@@ -10,6 +10,7 @@ namespace cli {
 void add_info_command(CLI::App& app);
 void add_forward_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_make_demo_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   dschat::cli::add_info_command(app);
   dschat::cli::add_forward_command(app);
   dschat::cli::add_generate_command(app);
+  dschat::cli::add_chat_command(app);
   dschat::cli::add_tokenize_command(app);
   dschat::cli::add_make_demo_data_command(app);
   dschat::cli::add_launch_command(app);

@@ -1,8 +1,9 @@
 #pragma once
 // Autoregressive generation with a KV cache: one prefill over the (left-padded) prompts, then one
 // token per step. Rows that emit EOS are padded afterwards; the loop ends when all rows have
-// finished or max_new_tokens is reached. (A plain loop; the inference-engine issue replaces its
-// inside with fused kernels and CUDA graphs.)
+// finished or max_new_tokens is reached. generate() is a one-off InferenceEngine
+// (inference_engine.h) whose workspace holds exactly prompt + max_new_tokens tokens; callers that
+// generate repeatedly keep an engine and reuse its workspace.
 
 #include <torch/torch.h>
 
@@ -17,7 +18,7 @@ struct GenerationResult {
   torch::Tensor attention_mask;  // [B, T + N] 1 for prompt tokens and generated tokens up to EOS
 };
 
-/// input_ids, attention_mask: [B, T] (left padding: zeros at the start of short rows).
+/// input_ids, attention_mask: [B, T] (left padding: zeros at the start of short rows). Logs nothing.
 GenerationResult generate(models::CausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           const core::GenerationConfig& config);
 

@@ -1,13 +1,15 @@
 #pragma once
-// A contiguous key/value cache for incremental decoding, owned by the caller of the model.
-// Layout: per layer, keys and values [B, H_kv, max_tokens, D]; the first cached_length() token
-// slots are filled. One allocation per tensor, made up front from max_tokens.
+// A contiguous key/value cache for incremental decoding, owned by the caller of the model: the
+// first `batch` rows of a KvWorkspace (layout there: per layer, keys and values
+// [B, H_kv, max_tokens, D]); the first cached_length() token slots are filled, and append()
+// returns views of exactly those plus the new ones, so attention reads no unused slot.
 
 #include <torch/torch.h>
 
-#include <vector>
+#include <memory>
 
 #include "dschat/core/model_config.h"
+#include "dschat/inference/kv_workspace.h"
 #include "dschat/nn/kv_cache.h"
 
 namespace dschat {
@@ -15,18 +17,22 @@ namespace inference {
 
 class ContiguousKvCache : public nn::KvCache {
  public:
+  /// With a workspace of its own, allocated now (one-off callers and tests).
   ContiguousKvCache(const core::ModelConfig& config, int64_t batch, int64_t max_tokens, torch::ScalarType dtype,
                     torch::Device device);
+  /// Rows [0, batch) of `workspace`, which is not owned and must outlive this cache (the
+  /// inference engine's). Starts empty.
+  ContiguousKvCache(const KvWorkspace& workspace, int64_t batch);
 
   int64_t cached_length() const override { return length_; }
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) override;
   void commit(int64_t new_tokens) override;
-  int64_t capacity() const { return max_tokens_; }
+  int64_t capacity() const { return workspace_->max_tokens(); }
 
  private:
-  std::vector<torch::Tensor> keys_;    // [L] x [B, H_kv, max_tokens, D]
-  std::vector<torch::Tensor> values_;  // [L] x [B, H_kv, max_tokens, D]
-  int64_t max_tokens_;
+  std::shared_ptr<KvWorkspace> owned_;  // set by the first constructor only
+  const KvWorkspace* workspace_;        // owned_ or the caller's
+  int64_t batch_;
   int64_t length_ = 0;
 };
 

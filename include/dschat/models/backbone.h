@@ -13,6 +13,7 @@
 #include "dschat/nn/checkpoint.h"
 #include "dschat/nn/kv_cache.h"
 #include "dschat/nn/layer_hooks.h"
+#include "dschat/nn/tensor_parallel.h"
 
 namespace dschat {
 namespace models {
@@ -40,6 +41,15 @@ class Backbone : public torch::nn::Module {
   /// nullptr removes them. Not owned: it must outlive every backward of a forward that used it.
   void set_layer_parameter_hooks(nn::LayerParameterHooks* hooks) { layer_hooks_ = hooks; }
   nn::LayerParameterHooks* layer_parameter_hooks() const { return layer_hooks_; }
+
+  /// Makes this backbone one rank's tensor-parallel shard (inference/tensor_parallel.h builds
+  /// such shards): the attention and MLP output projections all-reduce their partial sums over
+  /// `group`. Generation only: a forward outside the inference path (no KV cache, grad enabled,
+  /// dropout) then throws core::InvalidArgument. nullptr = not sharded.
+  void set_tensor_parallel_group(std::shared_ptr<nn::TensorParallelGroup> group) {
+    tensor_parallel_ = std::move(group);
+  }
+  const std::shared_ptr<nn::TensorParallelGroup>& tensor_parallel_group() const { return tensor_parallel_; }
 
   const core::ModelConfig& config() const { return config_; }
 
@@ -89,6 +99,7 @@ class Backbone : public torch::nn::Module {
   static nn::CheckpointCallbacks recompute_callbacks(nn::LayerParameterHooks* hooks, int64_t layer);
 
   nn::LayerParameterHooks* layer_hooks_ = nullptr;  // not owned
+  std::shared_ptr<nn::TensorParallelGroup> tensor_parallel_;  // null unless this is a TP shard
 };
 
 /// Builds the backbone of config.architecture with freshly initialised weights.

@@ -14,6 +14,8 @@
 namespace dschat {
 namespace nn {
 
+class TensorParallelGroup;  // nn/tensor_parallel.h
+
 struct AttentionOptions {
   AttentionOptions(int64_t hidden_size, int64_t num_heads)
       : hidden_size_(hidden_size), num_heads_(num_heads), num_kv_heads_(num_heads), head_dim_(hidden_size / num_heads) {}
@@ -36,6 +38,8 @@ struct AttentionInputs {
   torch::Tensor sin;       // [B, T, D]
   torch::Tensor attention_mask;  // [B, S] int64 key mask (1 = real) when some token is padded,
                                  // else undefined; read by the decode-attention op
+  TensorParallelGroup* tensor_parallel = nullptr;  // set on a tensor-parallel shard (generation
+                                                   // only): row-parallel outputs are all-reduced
 };
 
 /// The masking part of AttentionInputs for attention_mask [B, S] and T new tokens: an explicit
@@ -68,7 +72,9 @@ class AttentionImpl : public torch::nn::Module {
   /// x: [B, T, hidden] -> [B, T, hidden]. `layer` indexes the cache when one is given. On the
   /// inference path (use_inference_ops) rotary runs as ops::rotary_embedding and a single-token
   /// step as ops::decode_attention. With `deferred_bias`, the output projection's bias is left
-  /// out of the result and returned there (see linear_deferring_bias).
+  /// out of the result and returned there (see linear_deferring_bias). With
+  /// inputs.tensor_parallel this module holds one rank's heads: o_proj's partial output is
+  /// all-reduced before the bias (nn::row_parallel_linear); only the inference path is allowed.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer, KvCache* cache,
                         torch::Tensor* deferred_bias = nullptr);
   void pretty_print(std::ostream& stream) const override;

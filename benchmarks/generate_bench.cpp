@@ -1,0 +1,216 @@
+// Generation benchmark on the CPU: dschat's InferenceEngine against transformers' generate() on the
+// same model, prompts and decoding, in one command. The binary saves a random model of a preset's
+// shape (transformers' init, N(0, 0.02); default opt-125m) as a safetensors checkpoint, then
+// alternates --rounds times: --iters timed generate calls here (after --warmup untimed ones), then
+// benchmarks/generate_bench_peer.py (OPTForCausalLM / LlamaForCausalLM from the same checkpoint,
+// SDPA attention, model.generate) doing the same in a fresh process. Both decode greedily with
+// min_new_tokens = max_new_tokens, so every call generates exactly --new-tokens tokens per row, from
+// the same prompt rows (torch.randint(3, vocab, (batch, prompt)) seeded with --seed, checked by a
+// checksum). A figure is the median over all timed calls of all rounds; tokens/s = batch x
+// new tokens / latency; the CPU time of each call (all threads of the process) is reported too. Prints a markdown table and whether both generated the same ids.
+//
+//   dschat_generate_bench [--preset opt-125m] [--batch 4] [--prompt 32] [--new-tokens 32] [--threads 2]
+//       [--rounds 3] [--iters 3] [--warmup 1] [--out F]
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "dschat/core/error.h"
+#include "dschat/core/model_config.h"
+#include "dschat/inference/inference_engine.h"
+#include "dschat/inference/model_loader.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace dschat;
+namespace fs = std::filesystem;
+
+struct Options {
+  std::string preset = "opt-125m", out, work_dir;
+  int64_t batch = 4, prompt = 32, new_tokens = 32, threads = 2, rounds = 3, iters = 3, warmup = 1, seed = 1234;
+  std::string python = DSCHAT_BENCH_PYTHON;
+  std::string peer = DSCHAT_BENCH_PEER;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The prompt rows: the same as torch.randint(3, vocab, (B, T), generator=Generator().manual_seed(seed)).
+torch::Tensor make_prompts(const Options& o, int64_t vocab) {
+  torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
+  return torch::randint(3, vocab, {o.batch, o.prompt}, generator, torch::kInt64);  // [B, T]
+}
+
+// sum(ids * (1 + flat index)): the peer prints the same figure for its rows.
+int64_t checksum(const torch::Tensor& ids) {
+  torch::Tensor weights = torch::arange(1, ids.numel() + 1, torch::kInt64).view_as(ids);  // [B, T]
+  return (ids * weights).sum().item<int64_t>();
+}
+
+int run_process(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  std::cout.flush();
+  const pid_t pid = ::fork();
+  DSCHAT_CHECK(pid >= 0, Error, "fork failed");
+  if (pid == 0) {
+    ::execvp(args[0], args.data());
+    std::perror(args[0]);
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// CPU time of this process, all threads (on a shared machine, less disturbed than wall time).
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// One round of dschat: a fresh engine (its first call takes the workspace), warm-up, timed calls.
+json dschat_round(models::CausalLM& model, const torch::Tensor& prompts, const Options& o) {
+  inference::InferenceEngineOptions options;
+  options.max_out_tokens = o.prompt + o.new_tokens;
+  options.log_stats = false;
+  inference::InferenceEngine engine(model, options);
+  core::GenerationConfig config;
+  config.max_new_tokens = config.min_new_tokens = o.new_tokens;
+  config.eos_token_id = model->config().eos_token_id;
+  config.pad_token_id = model->config().pad_token_id;
+  const torch::Tensor mask = torch::ones_like(prompts);  // [B, T]
+  json seconds = json::array(), cpu_seconds = json::array();
+  torch::Tensor ids;  // [B, T + N]
+  for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
+    const double cpu_start = process_cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    ids = engine.generate(prompts, mask, config).sequences;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i >= o.warmup) {
+      seconds.push_back(elapsed);
+      cpu_seconds.push_back(process_cpu_seconds() - cpu_start);
+    }
+  }
+  std::cout << "  dschat: " << inference::format_generation_stats(engine.last_stats()) << "\n";
+  std::vector<int64_t> flat(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+  return {{"seconds", seconds}, {"cpu_seconds", cpu_seconds}, {"ids", flat}};
+}
+
+int run(const Options& o) {
+  at::set_num_threads(static_cast<int>(o.threads));
+  fs::path work = o.work_dir;
+  if (work.empty()) {
+    std::string pattern = (fs::temp_directory_path() / "dschat_generate_bench_XXXXXX").string();
+    DSCHAT_CHECK(::mkdtemp(pattern.data()) != nullptr, IoError, "mkdtemp failed");
+    work = pattern;
+  }
+  const fs::path model_dir = work / "model";
+  {
+    torch::manual_seed(static_cast<uint64_t>(o.seed));
+    inference::LoadOptions random;
+    random.random_init = true;
+    auto model = inference::load_causal_lm(o.preset, random);
+    inference::save_causal_lm(model, model_dir);
+  }
+  auto model = inference::load_causal_lm(model_dir.string());
+  const torch::Tensor prompts = make_prompts(o, model->config().vocab_size);  // [B, T]
+  std::cout << "model " << o.preset << " (random, fp32, " << model_dir.string() << "), batch " << o.batch
+            << ", prompt " << o.prompt << ", new tokens " << o.new_tokens << ", threads " << o.threads
+            << ", prompt checksum " << checksum(prompts) << "\n";
+
+  std::vector<double> ours, theirs, ours_cpu, theirs_cpu;
+  json dschat_ids, peer_ids;
+  for (int64_t round = 0; round < o.rounds; ++round) {
+    std::cout << "round " << round + 1 << "/" << o.rounds << "\n";
+    json mine = dschat_round(model, prompts, o);
+    for (double s : mine["seconds"]) ours.push_back(s);
+    for (double s : mine["cpu_seconds"]) ours_cpu.push_back(s);
+    dschat_ids = mine["ids"];
+    const fs::path peer_out = work / "peer.json";
+    const std::vector<std::string> argv = {
+        o.python, o.peer, "--model-dir", model_dir.string(), "--out", peer_out.string(), "--batch",
+        std::to_string(o.batch), "--prompt", std::to_string(o.prompt), "--new-tokens", std::to_string(o.new_tokens),
+        "--threads", std::to_string(o.threads), "--iters", std::to_string(o.iters), "--warmup",
+        std::to_string(o.warmup), "--seed", std::to_string(o.seed)};
+    DSCHAT_CHECK(run_process(argv) == 0, Error, "the transformers peer failed");
+    std::ifstream in(peer_out);
+    const json peer = json::parse(in);
+    DSCHAT_CHECK(peer["prompt_checksum"].get<int64_t>() == checksum(prompts), Error,
+                 "the peer generated from other prompt rows");
+    for (double s : peer["seconds"]) theirs.push_back(s);
+    for (double s : peer["cpu_seconds"]) theirs_cpu.push_back(s);
+    peer_ids = peer["ids"];
+  }
+
+  const double tokens = static_cast<double>(o.batch * o.new_tokens);
+  const double ours_s = median(ours), theirs_s = median(theirs);
+  int64_t same = 0;
+  for (size_t i = 0; i < dschat_ids.size() && i < peer_ids.size(); ++i) same += dschat_ids[i] == peer_ids[i] ? 1 : 0;
+  const double ours_cpu_s = median(ours_cpu), theirs_cpu_s = median(theirs_cpu);
+  std::cout << "\n| implementation | median latency (s) | per-token latency (ms) | tokens/s | CPU s / call |\n"
+               "|---|---|---|---|---|\n";
+  std::printf("| dschat InferenceEngine | %.3f | %.1f | %.1f | %.2f |\n", ours_s, 1e3 * ours_s / o.new_tokens,
+              tokens / ours_s, ours_cpu_s);
+  std::printf("| transformers generate | %.3f | %.1f | %.1f | %.2f |\n", theirs_s, 1e3 * theirs_s / o.new_tokens,
+              tokens / theirs_s, theirs_cpu_s);
+  std::printf("\ndschat / transformers tokens/s: %.2f (CPU time: %.2f); identical ids: %lld of %zu\n",
+              theirs_s / ours_s, theirs_cpu_s / ours_cpu_s, static_cast<long long>(same), dschat_ids.size());
+  if (!o.out.empty()) {
+    std::ofstream(o.out) << json{{"dschat_seconds", ours}, {"transformers_seconds", theirs},
+                                 {"dschat_cpu_seconds", ours_cpu}, {"transformers_cpu_seconds", theirs_cpu},
+                                 {"dschat_tokens_per_s", tokens / ours_s}, {"transformers_tokens_per_s", tokens / theirs_s},
+                                 {"ratio", theirs_s / ours_s}, {"identical_ids", same}}
+                                .dump(1);
+  }
+  if (o.work_dir.empty()) {  // the checkpoint (~0.5 GB for opt-125m) goes with the temporary dir
+    std::error_code error;
+    for (const char* name : {"model/model.safetensors", "model/config.json", "peer.json"}) fs::remove(work / name, error);
+    fs::remove(work / "model", error);
+    fs::remove(work, error);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dschat generation benchmark against transformers"};
+  Options o;
+  app.add_option("--preset", o.preset, "Model shape (a preset name), random weights")->capture_default_str();
+  app.add_option("--batch", o.batch)->capture_default_str();
+  app.add_option("--prompt", o.prompt, "Prompt tokens per row")->capture_default_str();
+  app.add_option("--new-tokens", o.new_tokens)->capture_default_str();
+  app.add_option("--threads", o.threads, "Intra-op threads of both sides")->capture_default_str();
+  app.add_option("--rounds", o.rounds)->capture_default_str();
+  app.add_option("--iters", o.iters, "Timed generate calls per round and side")->capture_default_str();
+  app.add_option("--warmup", o.warmup)->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--out", o.out, "JSON report");
+  app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
+  app.add_option("--python", o.python)->capture_default_str();
+  app.add_option("--peer", o.peer)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::cerr << "dschat_generate_bench: " << e.what() << "\n";
+    return 1;
+  }
+}

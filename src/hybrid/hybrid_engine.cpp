@@ -1,0 +1,235 @@
+#include "dschat/hybrid/hybrid_engine.h"
+
+#include <cstdio>
+
+#include "core/log.h"
+#include "dschat/core/error.h"
+#include "hybrid/generation_model.h"
+#include "hybrid/inference_weights.h"
+#include "hybrid/logits_self_check.h"
+
+namespace dschat {
+namespace hybrid {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+bool self_check_by_default() {
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
+}  // namespace
+
+HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
+    : actor_(std::move(actor)), options_(std::move(options)) {
+  DSCHAT_CHECK(!actor_.is_empty(), InvalidArgument, "HybridEngine: no actor model");
+  const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
+  training_ = std::make_unique<engine::TrainingEngine>(actor_.ptr(), options_.training);
+  const int64_t world = training_->world_size();
+  DSCHAT_CHECK(he.inference_tp_size == 1 || he.inference_tp_size == world, Unsupported,
+               "hybrid_engine.inference_tp_size ", he.inference_tp_size, " with ", world,
+               " ranks: dschat runs one tensor-parallel group over all ranks (inference_tp_size equal to the "
+               "world size) or none (1)");
+  if (!options_.logits_self_check) options_.logits_self_check = self_check_by_default();
+
+  inference::InferenceEngineOptions inference_options;
+  inference_options.max_out_tokens = he.max_out_tokens;
+  inference_options.release_workspace_after_generate = he.release_inference_cache;
+  inference_options.enable_cuda_graph = he.enable_cuda_graph;
+  // Data-parallel ranks generate their own prompts; under ZeRO-3 every forward is collective,
+  // so a rank that finished early keeps stepping. A TP group shares one batch: no lockstep.
+  if (world > 1 && he.inference_tp_size == 1) inference_options.lockstep = training_->communicator();
+  inference_ = std::make_unique<inference::InferenceEngine>(actor_, inference_options);
+  training_start_ = Clock::now();
+}
+
+HybridEngine::~HybridEngine() = default;
+
+void HybridEngine::require_training_mode(const char* call) const {
+  DSCHAT_CHECK(!generating(), InvalidArgument, "HybridEngine::", call,
+               " in generation mode: call train() after generating");
+}
+
+void HybridEngine::log_iteration_line() {
+  const auto now = Clock::now();
+  if (iteration_start_) {
+    const double latency = seconds_between(*iteration_start_, now);
+    total_latency_ += latency;
+    ++iterations_;
+    const double gather = stats_.gather_seconds, others = latency - generate_seconds_ - training_seconds_;
+    auto pct = [&](double part) { return latency > 0 ? 100.0 * part / latency : 0.0; };
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "|E2E latency=%.2fs |Gather latency=%.2fs (%.2f%%) |Generate time=%.2fs (%.2f%%) |Training "
+                  "time=%.2fs (%.2f%%) |Others=%.2f (%.2f%%)|CurSamplesPerSec=%.2f |AvgSamplesPerSec=%.2f",
+                  latency, gather, pct(gather), generate_seconds_, pct(generate_seconds_), training_seconds_,
+                  pct(training_seconds_), others, pct(others), latency > 0 ? samples_ / latency : 0.0,
+                  samples_ / (total_latency_ / static_cast<double>(iterations_)));
+    core::log_info_rank0(line);
+  }
+  iteration_start_ = now;
+  generate_seconds_ = 0.0;
+  training_seconds_ = 0.0;
+}
+
+void HybridEngine::eval() {
+  if (generating()) return;
+  log_iteration_line();
+  training_parameter_bytes_ = training_->memory_footprint().parameter_bytes;
+  actor_->eval();
+  models::Backbone& backbone = actor_->backbone();
+  saved_checkpointing_ = backbone.gradient_checkpointing();
+  backbone.set_gradient_checkpointing(false);  // generation keeps no activations anyway
+
+  const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
+  InferenceWeightsOptions weights_options;
+  weights_options.pin_parameters = he.pin_parameters;
+  weights_options.layers_per_gather = he.tp_gather_partition_size;
+  nn::LayerParameterHooks* hooks = training_->layer_parameter_hooks();
+  const auto model_dtype = actor_->parameters().front().scalar_type();
+  const auto dtype = options_.inference_dtype.value_or(model_dtype);
+  if (dtype == model_dtype && he.inference_tp_size == 1) {
+    weights_ = std::make_unique<InferenceWeights>(actor_, hooks, weights_options);
+  } else {
+    if (!generation_model_) {
+      const bool views_allowed = dtype == model_dtype && hooks == nullptr;  // resident and in the right dtype
+      generation_model_ = std::make_unique<GenerationModel>(actor_, dtype, training_->communicator(),
+                                                            he.inference_tp_size, views_allowed);
+    }
+    weights_ = std::make_unique<InferenceWeights>(actor_, hooks, weights_options, *generation_model_);
+  }
+  inference_->set_model(weights_->model());
+  stats_.gather_seconds = weights_->gather_seconds();
+  self_check_pending_ = *options_.logits_self_check;
+}
+
+void HybridEngine::train() {
+  if (!generating()) {
+    actor_->train();
+    return;
+  }
+  weights_->restore();
+  weights_.reset();
+  inference_->set_model(actor_);
+  // The parameters gathered for generation outside the layers go too (ZeRO-3), so the memory is
+  // back where the training step left it.
+  training_->release_gathered_parameters();
+  const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
+  const int64_t parameter_bytes = training_->memory_footprint().parameter_bytes;
+  DSCHAT_CHECK(parameter_bytes <= training_parameter_bytes_, Error, "hybrid engine: after generation the engine holds ",
+               parameter_bytes, " parameter bytes, more than the ", training_parameter_bytes_,
+               " it held before (a gathered partition was not released)");
+  DSCHAT_CHECK(!he.release_inference_cache || inference_->workspace_bytes() == 0, Error,
+               "hybrid engine: release_inference_cache is set but the KV workspace still holds ",
+               inference_->workspace_bytes(), " bytes");
+  actor_->train();
+  actor_->backbone().set_gradient_checkpointing(saved_checkpointing_);
+  training_start_ = Clock::now();
+}
+
+void HybridEngine::backward(const torch::Tensor& loss) {
+  require_training_mode("backward()");
+  training_->backward(loss);
+}
+
+bool HybridEngine::step() {
+  require_training_mode("step()");
+  const bool stepped = training_->step();
+  const auto now = Clock::now();
+  training_seconds_ += seconds_between(training_start_, now);
+  training_start_ = now;
+  return stepped;
+}
+
+models::CausalLM HybridEngine::inference_model() {
+  DSCHAT_CHECK(generating(), InvalidArgument, "HybridEngine::inference_model() outside generation mode: call eval()");
+  return weights_->model();
+}
+
+int64_t HybridEngine::inference_bytes() const {
+  return inference_->workspace_bytes() + (weights_ ? weights_->copied_bytes() : 0);
+}
+
+void HybridEngine::run_self_check(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
+  self_check_pending_ = false;
+  // Row 0's real tokens (left padding removed); one token at least, so that every rank runs the
+  // same forwards (they are collective under ZeRO-3 and tensor parallelism).
+  torch::Tensor real = attention_mask[0].to(torch::kBool);               // [T]
+  torch::Tensor prompt = input_ids[0].masked_select(real).unsqueeze(0);  // [1, t]
+  if (prompt.size(1) == 0) prompt = input_ids[0].narrow(0, input_ids.size(1) - 1, 1).unsqueeze(0);
+  models::CausalLM generation = weights_->model();
+  SelfCheckResult result = check_inference_logits(actor_, generation, prompt);
+  stats_.self_check_max_diff = result.max_abs_diff;
+  core::log_debug("hybrid engine self-check: max |logit difference| ", result.max_abs_diff, " <= ", result.tolerance);
+}
+
+inference::GenerationResult HybridEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                                   const core::GenerationConfig& config) {
+  eval();
+  const auto start = Clock::now();
+  samples_ = input_ids.size(0) * training_->world_size();
+  inference::GenerationResult result;
+  if (options_.training.config.hybrid_engine.inference_tp_size > 1) {
+    result = generate_tensor_parallel(input_ids, attention_mask, config);
+  } else {
+    if (self_check_pending_) run_self_check(input_ids, attention_mask);
+    result = inference_->generate(input_ids, attention_mask, config);
+  }
+  stats_.generation = inference_->last_stats();
+  generate_seconds_ += seconds_between(start, Clock::now());
+  return result;
+}
+
+inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::Tensor& input_ids,
+                                                                   const torch::Tensor& attention_mask,
+                                                                   const core::GenerationConfig& config) {
+  // The TP group works on one batch: the ranks' prompts are concatenated (left-padded to the
+  // longest), generated together, and each rank keeps its own rows.
+  dist::Communicator& group = *training_->communicator();
+  const int64_t world = group.world_size(), rank = group.rank();
+  const int64_t batch = input_ids.size(0), tokens = input_ids.size(1);
+  torch::Tensor shape = torch::tensor({batch, tokens}, torch::kInt64);  // [2]
+  torch::Tensor shapes = torch::empty({world * 2}, torch::kInt64);      // [world * 2]
+  group.all_gather_into(shapes, shape);
+  torch::Tensor per_rank = shapes.view({world, 2});  // [world, 2]: (batch, tokens) of each rank
+  DSCHAT_CHECK((per_rank.select(1, 0) == batch).all().item<bool>(), InvalidArgument,
+               "hybrid engine: with inference_tp_size > 1 every rank must generate the same number of prompts; "
+               "the ranks have ",
+               per_rank.select(1, 0), " prompts");
+  const int64_t longest = per_rank.select(1, 1).max().item<int64_t>();
+  const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
+  auto device = input_ids.device();
+  torch::Tensor ids =
+      torch::cat({torch::full({batch, longest - tokens}, pad, input_ids.options()), input_ids}, 1);  // [B, T*]
+  torch::Tensor mask = torch::cat({torch::zeros({batch, longest - tokens}, torch::dtype(torch::kInt64).device(device)),
+                                   attention_mask.to(torch::kInt64)},
+                                  1);                                                // [B, T*]
+  torch::Tensor all_ids = torch::empty({world * batch * longest}, ids.options());    // [world * B * T*]
+  torch::Tensor all_mask = torch::empty({world * batch * longest}, mask.options());  // [world * B * T*]
+  group.all_gather_into(all_ids, ids.contiguous().view({-1}));
+  group.all_gather_into(all_mask, mask.contiguous().view({-1}));
+  all_ids = all_ids.view({world * batch, longest});
+  all_mask = all_mask.view({world * batch, longest});
+  if (self_check_pending_) run_self_check(all_ids, all_mask);
+  inference::GenerationResult joint = inference_->generate(all_ids, all_mask, config);
+  // This rank's rows without its extra left padding, and without the columns the other ranks'
+  // rows went on generating after all of these had stopped (as a generation of its own would).
+  const int64_t offset = longest - tokens;
+  torch::Tensor sequences = joint.sequences.narrow(0, rank * batch, batch);      // [B, T* + N]
+  torch::Tensor own_mask = joint.attention_mask.narrow(0, rank * batch, batch);  // [B, T* + N]
+  const int64_t generated = joint.sequences.size(1) - longest;
+  torch::Tensor produced = own_mask.narrow(1, longest, generated).sum(1);  // [B] tokens up to and with EOS
+  const int64_t width = tokens + (generated == 0 ? 0 : produced.max().item<int64_t>());
+  return {sequences.narrow(1, offset, width).contiguous(), own_mask.narrow(1, offset, width).contiguous()};
+}
+
+}  // namespace hybrid
+}  // namespace dschat

@@ -1,0 +1,172 @@
+#include "dschat/inference/inference_engine.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+
+#include "core/log.h"
+#include "dschat/core/error.h"
+#include "dschat/inference/kv_cache.h"
+#include "dschat/inference/logits_processing.h"
+#include "inference/decode_graph.h"
+
+namespace dschat {
+namespace inference {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+InferenceEngine::InferenceEngine(models::CausalLM model, InferenceEngineOptions options)
+    : options_(std::move(options)) {
+  DSCHAT_CHECK(options_.max_out_tokens >= 2, InvalidArgument, "inference engine: max_out_tokens must be at least 2, got ",
+               options_.max_out_tokens);
+  if (options_.enable_cuda_graph || options_.full_capacity_decode) graphs_ = std::make_unique<DecodeGraphs>();
+  set_model(std::move(model));
+}
+
+InferenceEngine::~InferenceEngine() = default;
+
+void InferenceEngine::set_model(models::CausalLM model) {
+  DSCHAT_CHECK(!model.is_empty(), InvalidArgument, "inference engine: no model given");
+  model_ = std::move(model);
+  parameters_ = 0;
+  bytes_per_parameter_ = 0;
+  for (const auto& p : model_->parameters()) {
+    parameters_ += p.numel();
+    bytes_per_parameter_ = static_cast<int64_t>(p.element_size());
+  }
+  if (graphs_) graphs_->reset();  // the graphs read the old model's parameters by address
+}
+
+void InferenceEngine::release_workspace() {
+  if (graphs_) graphs_->reset();  // they point into the workspace (and hold their own memory pools)
+  workspace_.release();
+}
+
+// One all-reduce before the first forward: every rank must run the same number of steps, and a
+// rank that rejects its input must not leave the others waiting in the first collective.
+void InferenceEngine::agree_across_ranks(int64_t max_new_tokens, const std::string& local_error) {
+  torch::Tensor facts = torch::tensor({max_new_tokens, -max_new_tokens, local_error.empty() ? int64_t{0} : int64_t{1}},
+                                      torch::kInt64);  // [3]: max N, -min N, any error
+  options_.lockstep->all_reduce(facts, dist::ReduceOp::Max);
+  const int64_t most = facts[0].item<int64_t>(), least = -facts[1].item<int64_t>();
+  DSCHAT_CHECK(facts[2].item<int64_t>() == 0 || !local_error.empty(), InvalidArgument,
+               "lockstep generate: another rank rejected its generate call (see its error); this rank stops too");
+  DSCHAT_CHECK(local_error.empty(), InvalidArgument, local_error);
+  DSCHAT_CHECK(most == least, InvalidArgument,
+               "lockstep generate: max_new_tokens must be the same on every rank, got ", least, " to ", most,
+               " (this rank: ", max_new_tokens, ")");
+}
+
+bool InferenceEngine::any_rank_unfinished(bool unfinished_here) {
+  torch::Tensor flag = torch::tensor({unfinished_here ? int64_t{1} : int64_t{0}}, torch::kInt64);  // [1]
+  options_.lockstep->all_reduce(flag, dist::ReduceOp::Max);
+  return flag.item<int64_t>() != 0;
+}
+
+torch::Tensor InferenceEngine::decode_step(const torch::Tensor& step_input, const torch::Tensor& mask,
+                                           nn::KvCache& cache) {
+  return model_->forward(step_input, mask, &cache).select(1, -1).to(torch::kFloat32);  // [B, V]
+}
+
+GenerationResult InferenceEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                           const core::GenerationConfig& config) {
+  const auto start = Clock::now();
+  core::validate_generation_config(config, "generation config");
+  DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
+                   input_ids.size(1) > 0,
+               InvalidArgument, "generate: input_ids ", input_ids.sizes(), " and attention_mask ",
+               attention_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
+  const int64_t batch = input_ids.size(0), prompt = input_ids.size(1), max_new = config.max_new_tokens;
+  std::string error;
+  if (prompt + max_new > options_.max_out_tokens) {
+    error = core::detail::str_cat("generate: prompt (", prompt, " tokens) + max_new_tokens (", max_new, ") = ",
+                                  prompt + max_new, " exceeds max_out_tokens (", options_.max_out_tokens,
+                                  "), the tokens per row the KV workspace holds");
+  }
+  if (options_.lockstep) agree_across_ranks(max_new, error);
+  DSCHAT_CHECK(error.empty(), InvalidArgument, error);
+
+  torch::NoGradGuard no_grad;
+  const torch::Device device = input_ids.device();
+  const torch::ScalarType weight_dtype = model_->parameters().front().scalar_type();
+  if (workspace_.reserve(model_->config(), batch, options_.max_out_tokens, weight_dtype, device) && graphs_) {
+    graphs_->reset();  // the old graphs point into the freed allocation
+  }
+  // Graph replay needs a CUDA device, and no host-side collectives inside the step (ZeRO-3 layer
+  // hooks, a tensor-parallel shard's all-reduces) or between steps (lockstep).
+  const models::Backbone& backbone = model_->backbone();
+  const bool use_graphs = options_.enable_cuda_graph && device.is_cuda() && DecodeGraphs::compiled() &&
+                          !options_.lockstep && backbone.layer_parameter_hooks() == nullptr &&
+                          backbone.tensor_parallel_group() == nullptr;
+  const bool full_capacity = use_graphs || options_.full_capacity_decode;
+  if (options_.enable_cuda_graph && !use_graphs && !graph_skip_logged_) {
+    graph_skip_logged_ = true;
+    core::log_debug("inference engine: enable_cuda_graph has no effect here (device ", device,
+                    options_.lockstep ? ", lockstep" : "", ")");
+  }
+  const int64_t replays_before = graphs_ ? graphs_->replays() : 0;
+  ContiguousKvCache cache(workspace_, batch);
+  const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(config.seed);
+
+  torch::Tensor sequences = input_ids;                    // [B, T + n]
+  torch::Tensor mask = attention_mask.to(torch::kInt64);  // [B, T + n]
+  torch::Tensor finished = torch::zeros({batch}, torch::dtype(torch::kBool).device(device));  // [B]
+  torch::Tensor step_input = input_ids;                   // [B, T], then [B, 1]
+  int64_t own_length = -1;  // lockstep: the length at which this rank's rows had all finished
+  GenerationStats stats;
+  for (int64_t step = 0; step < max_new; ++step) {
+    torch::Tensor logits;  // [B, V] float32
+    if (step > 0 && full_capacity) logits = graphs_->step(model_, workspace_, step_input, mask, use_graphs);
+    if (logits.defined()) {
+      cache.commit(1);  // the graph wrote the same slot; an eager step after it must append after it
+    } else {
+      logits = decode_step(step_input, mask, cache);
+    }
+    ++stats.forward_steps;
+    torch::Tensor next;  // [B]
+    if (own_length < 0) {
+      logits = process_logits(logits, sequences, config, step);
+      next = select_next_tokens(logits, config, generator);
+      next = torch::where(finished, torch::full_like(next, pad), next);
+    } else {
+      next = torch::full({batch}, pad, torch::dtype(torch::kInt64).device(device));  // idle lockstep step
+    }
+    sequences = torch::cat({sequences, next.unsqueeze(1)}, 1);
+    mask = torch::cat({mask, finished.logical_not().to(torch::kInt64).unsqueeze(1)}, 1);
+    if (config.eos_token_id) finished = finished.logical_or(next == *config.eos_token_id);
+    const bool unfinished_here = !finished.all().item<bool>();  // also syncs the device for the timers
+    if (step == 0) stats.prefill_s = seconds_since(start);
+    if (!unfinished_here && own_length < 0) own_length = sequences.size(1);
+    if (!(options_.lockstep ? any_rank_unfinished(unfinished_here) : unfinished_here)) break;
+    step_input = next.unsqueeze(1);
+  }
+  if (own_length >= 0) {  // lockstep: drop the idle steps
+    sequences = sequences.narrow(1, 0, own_length);
+    mask = mask.narrow(1, 0, own_length);
+  }
+
+  stats.batch = batch;
+  stats.prompt_tokens = prompt;
+  stats.new_tokens = sequences.size(1) - prompt;
+  stats.latency_s = seconds_since(start);
+  stats.parameters = parameters_;
+  stats.bytes_per_parameter = bytes_per_parameter_;
+  stats.cuda_graph_replays = graphs_ ? graphs_->replays() - replays_before : 0;
+  const auto& model_config = model_->config();
+  finish_generation_stats(stats, model_config.num_hidden_layers, model_config.hidden_size, model_config.vocab_size);
+  stats_ = stats;
+  if (options_.log_stats) core::log_info(format_generation_stats(stats_));
+  if (options_.release_workspace_after_generate) release_workspace();
+  return {sequences, mask};
+}
+
+}  // namespace inference
+}  // namespace dschat

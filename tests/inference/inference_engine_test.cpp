@@ -1,0 +1,257 @@
+// The inference engine on the tiny fixtures (left-padded batches, fp32 CPU): KV-cache decoding
+// gives the ids of a full uncached recomputation of the whole sequence at every step (greedy ids
+// identical, per-row EOS included), the CUDA-graph step's full-capacity layout run eagerly gives
+// the same ids and logits within 1e-5 of the narrowed step (fp32 noise: only the attention's
+// summation length differs; masked slots add exact zeros), the workspace is one allocation reused / grown / released as documented, and
+// sampling is reproducible from its seed. transformers' greedy ids: tests/models/parity_test.cpp.
+#include <gtest/gtest.h>
+
+#include "dschat/inference/generate.h"
+#include "dschat/inference/inference_engine.h"
+#include "dschat/inference/kv_cache.h"
+#include "inference/decode_graph.h"
+#include "dschat/inference/model_loader.h"
+#include "dschat/io/npy.h"
+#include "model_fixtures.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+using inference::GenerationResult;
+using inference::InferenceEngine;
+using inference::InferenceEngineOptions;
+
+struct Prompts {
+  torch::Tensor ids;   // [B, T] left-padded
+  torch::Tensor mask;  // [B, T]
+};
+
+Prompts fixture_prompts(const std::string& name) {
+  auto dir = testing::fixture(name) / "expected";
+  return {io::load_npy(dir / "input_ids.npy"), io::load_npy(dir / "attention_mask.npy").to(torch::kInt64)};
+}
+
+// Greedy decoding without a cache: every step runs the model over the whole sequence so far.
+// After a row's EOS it gets `pad` with mask 0, as generate() does.
+GenerationResult greedy_by_recomputation(models::CausalLM& model, const Prompts& p, int64_t steps,
+                                         std::optional<int64_t> eos, int64_t pad) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = p.ids, mask = p.mask;                      // [B, T + n]
+  torch::Tensor finished = torch::zeros({ids.size(0)}, torch::kBool);  // [B]
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::Tensor next = model->forward(ids, mask).select(1, -1).argmax(1);  // [B]
+    next = torch::where(finished, torch::full_like(next, pad), next);
+    ids = torch::cat({ids, next.unsqueeze(1)}, 1);
+    mask = torch::cat({mask, finished.logical_not().to(torch::kInt64).unsqueeze(1)}, 1);
+    if (eos) finished = finished.logical_or(next == *eos);
+    if (finished.all().item<bool>()) break;
+  }
+  return {ids, mask};
+}
+
+InferenceEngineOptions quiet(int64_t max_out_tokens) {
+  InferenceEngineOptions options;
+  options.max_out_tokens = max_out_tokens;
+  options.log_stats = false;
+  return options;
+}
+
+class InferenceEngineOnFixtures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InferenceEngineOnFixtures, CachedGreedyEqualsFullRecomputation) {
+  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  const Prompts p = fixture_prompts(GetParam());
+  core::GenerationConfig config;
+  config.max_new_tokens = 12;
+  InferenceEngine engine(model, quiet(64));
+  GenerationResult cached = engine.generate(p.ids, p.mask, config);
+  GenerationResult reference = greedy_by_recomputation(model, p, 12, std::nullopt, 0);
+  EXPECT_TRUE(torch::equal(cached.sequences, reference.sequences)) << cached.sequences << "\nreference\n"
+                                                                    << reference.sequences;
+  EXPECT_TRUE(torch::equal(cached.attention_mask, reference.attention_mask));
+
+  // Per-row EOS: the token row 0 emits second ends it early; the other rows run on.
+  config.eos_token_id = cached.sequences[0][p.ids.size(1) + 1].item<int64_t>();
+  config.pad_token_id = 1;
+  GenerationResult stopped = engine.generate(p.ids, p.mask, config);
+  GenerationResult stopped_reference = greedy_by_recomputation(model, p, 12, config.eos_token_id, 1);
+  EXPECT_TRUE(torch::equal(stopped.sequences, stopped_reference.sequences))
+      << stopped.sequences << "\nreference\n" << stopped_reference.sequences;
+  EXPECT_TRUE(torch::equal(stopped.attention_mask, stopped_reference.attention_mask));
+  EXPECT_EQ(stopped.attention_mask[0][p.ids.size(1) + 2].item<int64_t>(), 0);  // pad after row 0's EOS
+}
+
+TEST_P(InferenceEngineOnFixtures, FullCapacityDecodeLayoutGivesTheSameIds) {
+  // The CUDA-graph step's arithmetic (every workspace slot under a key mask, the scratch slot,
+  // positions from the mask's last column) run eagerly: it must decode exactly as the narrowed step.
+  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  const Prompts p = fixture_prompts(GetParam());
+  core::GenerationConfig config;
+  config.max_new_tokens = 12;
+  InferenceEngine eager(model, quiet(40));
+  InferenceEngineOptions options = quiet(40);
+  options.full_capacity_decode = true;
+  options.enable_cuda_graph = true;  // no effect on the CPU
+  InferenceEngine full(model, options);
+  GenerationResult a = eager.generate(p.ids, p.mask, config);
+  GenerationResult b = full.generate(p.ids, p.mask, config);
+  EXPECT_TRUE(torch::equal(a.sequences, b.sequences)) << a.sequences << "\nfull capacity\n" << b.sequences;
+  config.eos_token_id = a.sequences[1][p.ids.size(1) + 1].item<int64_t>();
+  a = eager.generate(p.ids, p.mask, config);
+  b = full.generate(p.ids, p.mask, config);
+  EXPECT_TRUE(torch::equal(a.sequences, b.sequences)) << a.sequences << "\nfull capacity\n" << b.sequences;
+  EXPECT_TRUE(torch::equal(a.attention_mask, b.attention_mask));
+  EXPECT_EQ(full.last_stats().cuda_graph_replays, 0);
+}
+
+TEST_P(InferenceEngineOnFixtures, FullCapacityStepLogitsEqualTheNarrowedStep) {
+  // Logit level (greedy ids of tiny random models tolerate small errors): each decode step in the
+  // full-capacity layout against the eager step over the same cache, with row 0 "finished" (its
+  // current token masked) from the third step on. Both write the same slot with the same values.
+  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  const Prompts p = fixture_prompts(GetParam());
+  torch::NoGradGuard no_grad;
+  inference::KvWorkspace workspace;
+  workspace.reserve(model->config(), p.ids.size(0), 24, torch::kFloat32, torch::kCPU);
+  inference::ContiguousKvCache cache(workspace, p.ids.size(0));
+  inference::DecodeGraphs layout;
+  torch::Tensor mask = p.mask;                                                        // [B, T + n]
+  torch::Tensor next = model->forward(p.ids, mask, &cache).select(1, -1).argmax(1);  // [B]
+  for (int64_t step = 0; step < 6; ++step) {
+    torch::Tensor current = torch::ones({p.ids.size(0), 1}, torch::kInt64);  // [B, 1]
+    if (step >= 2) current[0][0] = 0;
+    mask = torch::cat({mask, current}, 1);
+    torch::Tensor full = layout.step(model, workspace, next.unsqueeze(1), mask, /*capture=*/false).clone();  // [B, V]
+    torch::Tensor narrowed = model->forward(next.unsqueeze(1), mask, &cache).select(1, -1);                // [B, V]
+    EXPECT_LT(testing::max_abs_diff(full, narrowed), 1e-5) << "step " << step;
+    next = narrowed.argmax(1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, InferenceEngineOnFixtures, ::testing::ValuesIn(testing::model_fixtures()),
+                         testing::FixtureName());
+
+class InferenceEngineWorkspace : public ::testing::Test {
+ protected:
+  models::CausalLM model = inference::load_causal_lm(testing::fixture("opt-preln").string());
+  Prompts p = fixture_prompts("opt-preln");
+  core::GenerationConfig config;
+
+  // [L, 2, B, H_kv, M, D] float32.
+  int64_t expected_bytes(int64_t batch, int64_t max_tokens) const {
+    const auto& c = model->config();
+    return c.num_hidden_layers * 2 * batch * c.num_key_value_heads * max_tokens * c.head_dim * 4;
+  }
+};
+
+TEST_F(InferenceEngineWorkspace, ReusedAcrossCallsGrownForALargerBatchRetakenAfterRelease) {
+  config.max_new_tokens = 6;
+  InferenceEngine engine(model, quiet(32));
+  EXPECT_EQ(engine.workspace_bytes(), 0);  // taken on the first call
+  GenerationResult first = engine.generate(p.ids, p.mask, config);
+  EXPECT_EQ(engine.workspace_bytes(), expected_bytes(3, 32));
+  const void* address = engine.workspace().data();
+  GenerationResult second = engine.generate(p.ids, p.mask, config);
+  EXPECT_EQ(engine.workspace_bytes(), expected_bytes(3, 32));
+  EXPECT_EQ(engine.workspace().data(), address);  // the same allocation
+  EXPECT_TRUE(torch::equal(first.sequences, second.sequences));
+
+  // A smaller batch fits the same allocation; a larger one grows it.
+  engine.generate(p.ids.narrow(0, 1, 2), p.mask.narrow(0, 1, 2), config);
+  EXPECT_EQ(engine.workspace().data(), address);
+  torch::Tensor ids4 = torch::cat({p.ids, p.ids.narrow(0, 0, 1)});    // [4, T]
+  torch::Tensor mask4 = torch::cat({p.mask, p.mask.narrow(0, 0, 1)});  // [4, T]
+  GenerationResult grown = engine.generate(ids4, mask4, config);
+  EXPECT_EQ(engine.workspace_bytes(), expected_bytes(4, 32));
+  EXPECT_TRUE(torch::equal(grown.sequences.narrow(0, 0, 3), first.sequences));
+
+  engine.release_workspace();
+  EXPECT_EQ(engine.workspace_bytes(), 0);
+  GenerationResult retaken = engine.generate(p.ids, p.mask, config);
+  EXPECT_EQ(engine.workspace_bytes(), expected_bytes(4, 32));  // the size it had before the release
+  EXPECT_TRUE(torch::equal(retaken.sequences, first.sequences));
+}
+
+TEST_F(InferenceEngineWorkspace, ReleasedAfterEveryGenerateWhenAsked) {
+  config.max_new_tokens = 4;
+  InferenceEngineOptions options = quiet(16);
+  options.release_workspace_after_generate = true;
+  InferenceEngine engine(model, options);
+  GenerationResult a = engine.generate(p.ids, p.mask, config);
+  EXPECT_EQ(engine.workspace_bytes(), 0);
+  GenerationResult b = engine.generate(p.ids, p.mask, config);
+  EXPECT_EQ(engine.workspace_bytes(), 0);
+  EXPECT_TRUE(torch::equal(a.sequences, b.sequences));
+  EXPECT_TRUE(torch::equal(a.sequences, inference::generate(model, p.ids, p.mask, config).sequences));
+}
+
+TEST_F(InferenceEngineWorkspace, PromptPlusNewTokensBeyondMaxOutTokensIsANamedError) {
+  config.max_new_tokens = 30;
+  InferenceEngine engine(model, quiet(32));
+  EXPECT_THROW_WITH(engine.generate(p.ids, p.mask, config), core::InvalidArgument,
+                    "prompt (10 tokens) + max_new_tokens (30) = 40 exceeds max_out_tokens (32)");
+  EXPECT_EQ(engine.workspace_bytes(), 0);  // rejected before anything was allocated
+  EXPECT_THROW_WITH(InferenceEngine(model, quiet(1)), core::InvalidArgument, "max_out_tokens must be at least 2");
+}
+
+TEST_F(InferenceEngineWorkspace, SeededSamplingIsReproducibleAcrossEngines) {
+  config.max_new_tokens = 10;
+  config.do_sample = true;
+  config.temperature = 1.5;
+  config.top_k = 50;
+  config.top_p = 0.95;
+  config.repetition_penalty = 1.2;
+  config.seed = 7;
+  InferenceEngine first(model, quiet(32)), second(model, quiet(32));
+  GenerationResult a = first.generate(p.ids, p.mask, config);
+  GenerationResult b = second.generate(p.ids, p.mask, config);
+  EXPECT_TRUE(torch::equal(a.sequences, b.sequences));
+  config.seed = 8;
+  GenerationResult c = first.generate(p.ids, p.mask, config);
+  EXPECT_FALSE(torch::equal(a.sequences, c.sequences));
+}
+
+TEST_F(InferenceEngineWorkspace, MinNewTokensHoldsBackEos) {
+  config.max_new_tokens = 8;
+  GenerationResult free_run = inference::generate(model, p.ids, p.mask, config);
+  config.eos_token_id = free_run.sequences[0][p.ids.size(1)].item<int64_t>();  // row 0's first token
+  config.min_new_tokens = 4;
+  InferenceEngine engine(model, quiet(32));
+  GenerationResult held = engine.generate(p.ids, p.mask, config);
+  torch::Tensor first_four = held.sequences.narrow(1, p.ids.size(1), 4);  // [B, 4]
+  EXPECT_FALSE(first_four.eq(*config.eos_token_id).any().item<bool>()) << held.sequences;
+}
+
+TEST_F(InferenceEngineWorkspace, StatsArePositiveAndFormattedLikeDeepSpeedChat) {
+  config.max_new_tokens = 5;
+  InferenceEngine engine(model, quiet(32));
+  engine.generate(p.ids, p.mask, config);
+  const inference::GenerationStats& s = engine.last_stats();
+  EXPECT_EQ(s.batch, 3);
+  EXPECT_EQ(s.prompt_tokens, 10);
+  EXPECT_EQ(s.new_tokens, 5);
+  EXPECT_EQ(s.forward_steps, 5);
+  EXPECT_GT(s.latency_s, 0.0);
+  EXPECT_GT(s.prefill_s, 0.0);
+  EXPECT_LE(s.prefill_s, s.latency_s);
+  EXPECT_GT(s.per_token_latency_s, 0.0);
+  EXPECT_GT(s.tokens_per_s, 0.0);
+  EXPECT_GT(s.tflops, 0.0);
+  EXPECT_GT(s.bandwidth_gb_s, 0.0);
+  EXPECT_EQ(s.bytes_per_parameter, 4);
+  int64_t params = 0;
+  for (const auto& t : model->parameters()) params += t.numel();
+  EXPECT_EQ(s.parameters, params);
+  const std::string line = inference::format_generation_stats(s);
+  EXPECT_NE(line.find("Generation => Latency: "), std::string::npos) << line;
+  EXPECT_NE(line.find("Per-token Latency"), std::string::npos) << line;
+  EXPECT_NE(line.find("Answer Seq. Length: 5"), std::string::npos) << line;
+  // DeepSpeed-Chat's estimate: 24·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)).
+  const double b = 3, seq = 15, l = 2, h = 32, v = 512;
+  EXPECT_DOUBLE_EQ(inference::generation_flops(3, 15, 2, 32, 512),
+                   24 * b * seq * l * h * h * (1 + seq / (6 * h) + v / (16 * l * h)));
+}
+
+}  // namespace
+}  // namespace dschat
