@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool) from the repository root, with build-gpu-deps/ carried
 # (tools/gpu_deps.sh). Builds dschat with CUDA against that machine's torch (2.11+cu130), runs the
-# `cuda` tests and the GPU generation benchmark, and writes everything under $OUT (or ./out):
-#   build.log, cuda_tests.xml, cuda_tests.log, cpu_smoke.log, generate_bench_gpu.log, nvidia-smi.txt
+# `cuda` tests (kernels vs their ATen references, the CUDA-graph decode vs eager) and the CPU
+# generation benchmark, and writes everything under $OUT (or ./out):
+#   torch.txt, build.log, cuda_tests.xml, cuda_tests.log, generate_bench_cpu.{json,log}, nvidia-smi.txt
 # Exit status: non-zero when the build or a CUDA test failed (the logs say which).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,17 +35,13 @@ status=0
 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml" > "$out/cuda_tests.log" 2>&1 || status=1
 tail -5 "$out/cuda_tests.log"
 
-# The CLI end to end on the GPU: greedy generation from the bundled checkpoint.
-build-gpu/dschat generate --model assets/tiny-opt --prompt "Human: hello Assistant:" --max-new-tokens 8 \
-  --device cuda > "$out/cpu_smoke.log" 2>&1 || echo "gpu_check: dschat generate --device cuda failed (cpu_smoke.log)"
-
-# The issue's GPU benchmark: OPT-1.3B shape, bf16, prompt 256 + 256 new tokens, batch 32 and 128,
-# dschat vs transformers.generate side by side, and decode's share of the H200's bandwidth.
+# Not here yet (see the issue note): a CUDA device flag in the CLI and the GPU generation benchmark
+# (OPT-1.3B shape, bf16, prompt 256 + 256 new tokens, batch 32 and 128, vs transformers.generate,
+# decode bandwidth vs the H200's ~4.3 TB/s); dschat_generate_bench runs on the CPU only. The CPU
+# benchmark is run here so the machine's figures sit next to the CUDA test results.
 if [ -x build-gpu/benchmarks/dschat_generate_bench ]; then
-  for batch in 32 128; do
-    timeout 900 build-gpu/benchmarks/dschat_generate_bench --device cuda --dtype bf16 --model-preset opt-1.3b \
-      --batch "$batch" --prompt 256 --new-tokens 256 --peer "$python" >> "$out/generate_bench_gpu.log" 2>&1 ||
-      echo "gpu_check: generate benchmark batch $batch failed (generate_bench_gpu.log)"
-  done
+  timeout 600 build-gpu/benchmarks/dschat_generate_bench --threads "$(nproc)" --rounds 2 \
+    --out "$out/generate_bench_cpu.json" > "$out/generate_bench_cpu.log" 2>&1 ||
+    echo "gpu_check: CPU generate benchmark failed (generate_bench_cpu.log)"
 fi
 exit $status
