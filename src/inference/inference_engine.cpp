@@ -72,7 +72,10 @@ bool InferenceEngine::any_rank_unfinished(bool unfinished_here) {
 
 torch::Tensor InferenceEngine::decode_step(const torch::Tensor& step_input, const torch::Tensor& mask,
                                            nn::KvCache& cache) {
-  return model_->forward(step_input, mask, &cache).select(1, -1).to(torch::kFloat32);  // [B, V]
+  // The LM head only where the next token is read: for the prefill that is 1 of T positions (as
+  // transformers' logits_to_keep=1), the largest GEMM of the step otherwise.
+  torch::Tensor last = model_->hidden_states(step_input, mask, &cache).select(1, -1);  // [B, E]
+  return model_->lm_logits(last).to(torch::kFloat32);                                  // [B, V]
 }
 
 GenerationResult InferenceEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
