@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The quick start's first command: set up, build, then `dschat info` and a greedy generation from
-# the tiny bundled checkpoint (random weights, GPT-2 tokenizer; the text is noise by design).
+# The quick start's first command: set up, build, then `dschat train` on its embedded default
+# (configs/demo.json): SFT, reward model and PPO on a tiny random-weight OPT and the bundled demo
+# data, on the CPU, ending with a table of what each step achieved on held-out prompts.
+# A finished run is kept in ./output; rerunning skips its finished steps (delete ./output to redo).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash tools/build.sh
-./build/dschat info
-./build/dschat generate --model assets/tiny-opt --tokenizer assets/gpt2-bpe \
-  --prompt "Human: Please tell me about Microsoft in a few sentence? Assistant:" --max-new-tokens 16
+./build/dschat train "$@"

@@ -3,6 +3,7 @@
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/nn/linear.h"
 
 namespace dschat {
 namespace engine {
@@ -17,16 +18,35 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+}  // namespace
+
+std::map<std::string, torch::Tensor> consolidate_checkpoint(const fs::path& checkpoint_dir, const std::string& tag,
+                                                            const ExportOptions& options) {
+  const std::string chosen = tag.empty() ? latest_checkpoint_tag(checkpoint_dir) : tag;
+  const CheckpointShards shards = CheckpointShards::open(checkpoint_dir / chosen);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& [name, info] : shards.params()) {
+    params[name] = shards.full(info.trainable ? "master" : "frozen", name);
+  }
+  if (options.fuse_lora) {
+    fuse_lora_adapters(params, shards.engine_state().value("lora_scales", nlohmann::json::object()),
+                       shards.path().string());
+  }
+  for (auto& [name, tensor] : params) tensor = tensor.to(options.dtype).contiguous();
+  return params;
+}
+
 // W [out, in] += scale * (right [in, r] @ left [r, out])^T, DeepSpeed-Chat's fuse_lora_weight.
-void fuse_adapters(std::map<std::string, torch::Tensor>& params, const nlohmann::json& scales, const fs::path& where) {
+void fuse_lora_adapters(std::map<std::string, torch::Tensor>& params, const nlohmann::json& scales,
+                        const std::string& where) {
   std::vector<std::string> prefixes;
   for (const auto& [name, tensor] : params) {
     if (ends_with(name, kRight)) prefixes.push_back(name.substr(0, name.size() - kRight.size()));
   }
   for (const std::string& prefix : prefixes) {
-    DSCHAT_CHECK(params.count(prefix + kLeft) && params.count(prefix + ".weight"), FormatError, where.string(),
+    DSCHAT_CHECK(params.count(prefix + kLeft) && params.count(prefix + ".weight"), FormatError, where,
                  ": LoRA adapter '", prefix, "' lacks its left weight or its base weight");
-    DSCHAT_CHECK(scales.contains(prefix), FormatError, where.string(), "/engine.json: no LoRA scale recorded for '",
+    DSCHAT_CHECK(scales.contains(prefix), FormatError, where, "/engine.json: no LoRA scale recorded for '",
                  prefix, "'");
     const double scale = scales[prefix].get<double>();
     torch::Tensor& weight = params[prefix + ".weight"];  // [out, in]
@@ -38,20 +58,13 @@ void fuse_adapters(std::map<std::string, torch::Tensor>& params, const nlohmann:
   }
 }
 
-}  // namespace
-
-std::map<std::string, torch::Tensor> consolidate_checkpoint(const fs::path& checkpoint_dir, const std::string& tag,
-                                                            const ExportOptions& options) {
-  const std::string chosen = tag.empty() ? latest_checkpoint_tag(checkpoint_dir) : tag;
-  const CheckpointShards shards = CheckpointShards::open(checkpoint_dir / chosen);
-  std::map<std::string, torch::Tensor> params;
-  for (const auto& [name, info] : shards.params()) {
-    params[name] = shards.full(info.trainable ? "master" : "frozen", name);
+nlohmann::json lora_scales(torch::nn::Module& module) {
+  nlohmann::json scales = nlohmann::json::object();
+  for (const auto& item : module.named_modules()) {
+    auto linear = std::dynamic_pointer_cast<nn::LinearImpl>(item.value());
+    if (linear && linear->has_lora()) scales[item.key()] = linear->lora_scale();
   }
-  if (options.fuse_lora) fuse_adapters(params, shards.engine_state().value("lora_scales", nlohmann::json::object()),
-                                       shards.path());
-  for (auto& [name, tensor] : params) tensor = tensor.to(options.dtype).contiguous();
-  return params;
+  return scales;
 }
 
 int64_t export_hf_checkpoint(const fs::path& checkpoint_dir, const std::string& tag, const fs::path& out_dir,

@@ -5,6 +5,7 @@
 
 #include "data/content_hash.h"
 #include "dschat/core/error.h"
+#include "dschat/engine/checkpoint_export.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
@@ -32,15 +33,6 @@ std::map<std::string, int64_t> optimizer_index_by_name(const AdamWStateDict& sta
 }
 
 std::string state_key(int64_t k, const char* field) { return "state." + std::to_string(k) + "." + field; }
-
-json lora_scales(torch::nn::Module& module) {
-  json scales = json::object();
-  for (const auto& item : module.named_modules()) {
-    auto linear = std::dynamic_pointer_cast<nn::LinearImpl>(item.value());
-    if (linear && linear->has_lora()) scales[item.key()] = linear->lora_scale();
-  }
-  return scales;
-}
 
 torch::Tensor cpu_rng_state() {
   auto generator = at::detail::getDefaultCPUGenerator();

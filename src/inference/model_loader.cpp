@@ -47,6 +47,11 @@ void init_like_transformers(torch::nn::Module& module) {
 template <typename ModelHolder, typename Load>
 ModelHolder build(const std::string& name_or_path, const LoadOptions& options, Load load) {
   Source source = find_source(name_or_path, options.random_init);
+  if (options.dropout) {
+    DSCHAT_CHECK(*options.dropout >= 0.0 && *options.dropout < 1.0, InvalidArgument, name_or_path,
+                 ": dropout must be in [0, 1), got ", *options.dropout);
+    source.config.dropout = source.config.attention_dropout = source.config.activation_dropout = *options.dropout;
+  }
   ModelHolder model(source.config);
   if (options.random_init) {
     init_like_transformers(*model);
@@ -73,16 +78,16 @@ void write_config(const core::ModelConfig& config, const fs::path& dir, torch::S
   fs::rename(tmp, dir / "config.json");
 }
 
+}  // namespace
+
 // Weights first, config last: a directory with a config.json always has complete weights.
-void save_model(const models::NamedTensors& state, const core::ModelConfig& config, const fs::path& dir,
+void save_model_tensors(const models::NamedTensors& state, const core::ModelConfig& config, const fs::path& dir,
                 int64_t max_shard_bytes) {
   io::TensorMap weights;
   for (const auto& [name, tensor] : state) weights.emplace(name, tensor.detach().to(torch::kCPU));
   io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
   write_config(config, dir, weights.begin()->second.scalar_type());
 }
-
-}  // namespace
 
 models::CausalLM load_causal_lm(const std::string& name_or_path, const LoadOptions& options) {
   return build<models::CausalLM>(name_or_path, options,
@@ -100,11 +105,11 @@ models::ValueHeadModel load_value_model(const std::string& name_or_path, const L
 }
 
 void save_causal_lm(models::CausalLM& model, const fs::path& dir, int64_t max_shard_bytes) {
-  save_model(model->state_dict(), model->config(), dir, max_shard_bytes);
+  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
 }
 
 void save_value_model(models::ValueHeadModel& model, const fs::path& dir, int64_t max_shard_bytes) {
-  save_model(model->state_dict(), model->config(), dir, max_shard_bytes);
+  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
 }
 
 torch::ScalarType parse_dtype(const std::string& name) {

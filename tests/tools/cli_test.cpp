@@ -92,6 +92,17 @@ TEST(CliTest, ChatAnswersTwoTurnsThenQuits) {
   EXPECT_EQ(testing::count_lines_starting(out, "Assistant: "), 1) << out;
 }
 
+TEST(CliTest, ChatPromptAnswersOnceWithoutReadingStdin) {
+  std::string out;
+  // stdin holds a turn that must not be read: --prompt answers exactly one turn.
+  ASSERT_EQ(testing::run_command("(printf 'never read\\n' | " + cli() + " chat" + tiny_model_flags() +
+                                     " --prompt 'what is the moon' --max-new-tokens 3 2>/dev/null)",
+                                 &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::count_lines_starting(out, "Assistant: "), 1) << out;
+}
+
 TEST(CliTest, ChatWithAMissingModelNamesIt) {
   std::string out;
   EXPECT_EQ(testing::run_command("echo hi | " + cli() + " chat --model /nonexistent/chat-model", &out), 1);

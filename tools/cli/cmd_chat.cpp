@@ -3,6 +3,7 @@
 // is one human turn; the conversation so far plus " Human: <line>\n Assistant: " is continued by
 // the model, the reply is cut where the model starts a "Human:" turn of its own, and printed as
 // "Assistant: <reply>". `clear` forgets the conversation, `quit` or end of input exits (status 0).
+// With --prompt T the one turn T is answered the same way and the command exits.
 // When the conversation no longer fits (max_out_tokens or the model's positions), its oldest
 // turns are dropped. One InferenceEngine serves every turn, so its workspace is reused.
 #include <unistd.h>
@@ -25,6 +26,7 @@ namespace {
 
 struct ChatOptions {
   std::string model, tokenizer, dtype = "fp32", init;
+  std::string prompt;  // --prompt: answer this one turn and exit
   core::GenerationConfig generation;
   int64_t max_out_tokens = 512;
 };
@@ -60,9 +62,17 @@ void run_chat(ChatOptions o) {
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
 
   std::deque<std::string> turns;  // " Human: ...\n Assistant: <reply>\n\n", oldest first
+  const bool one_turn = !o.prompt.empty();
+  bool prompt_taken = false;
   for (std::string line;;) {
-    if (interactive) std::cerr << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
-    if (!std::getline(std::cin, line)) return;
+    if (one_turn) {
+      if (prompt_taken) return;  // the one turn has been answered
+      prompt_taken = true;
+      line = o.prompt;
+    } else {
+      if (interactive) std::cerr << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
+      if (!std::getline(std::cin, line)) return;
+    }
     line = trim(line);
     if (line == "quit") return;
     if (line == "clear") {
@@ -90,6 +100,7 @@ void add_chat_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat", "Chat with a model over stdin (quit / clear / end of input)");
   cmd->add_option("--model", o->model, "Model directory, cached HF id or short name")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
+  cmd->add_option("--prompt", o->prompt, "Answer this one human turn and exit (no stdin)");
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--init", o->init, "'random': preset or config.json shapes with random weights");
   cmd->add_option("--max-out-tokens", o->max_out_tokens, "Prompt + new tokens the KV workspace holds")

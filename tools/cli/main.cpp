@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "dschat/core/error.h"
+#include "dschat/rlhf/step_context.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dschat: DeepSpeed-Chat in C++ (SFT, reward model, PPO on LibTorch)", "dschat"};
@@ -16,10 +17,15 @@ int main(int argc, char** argv) {
   dschat::cli::add_make_demo_data_command(app);
   dschat::cli::add_launch_command(app);
   dschat::cli::add_export_command(app);
+  dschat::cli::add_plot_command(app);
+  dschat::cli::add_train_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const dschat::rlhf::Interrupted& e) {  // a stop request, answered with a saved checkpoint
+    std::cerr << "dschat: " << e.what() << "\n";
+    return 130;
   } catch (const dschat::core::Error& e) {
     std::cerr << "dschat: error: " << e.what() << "\n";
     return 1;

@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace dschat {
@@ -34,6 +35,16 @@ struct ExportOptions {
 /// Throws core::NotFound / core::FormatError naming the file or tensor.
 std::map<std::string, torch::Tensor> consolidate_checkpoint(const std::filesystem::path& checkpoint_dir,
                                                             const std::string& tag, const ExportOptions& options);
+
+/// The LoRA scale of every adapted Linear of `module`, by the Linear's qualified name.
+nlohmann::json lora_scales(torch::nn::Module& module);
+
+/// Fuses every "<p>.lora_right_weight" [in, r] / "<p>.lora_left_weight" [r, out] pair of `params`
+/// into "<p>.weight" [out, in] += scales[p] * (right @ left)^T (DeepSpeed-Chat's fuse_lora_weight)
+/// and drops the adapters. Throws core::FormatError naming `where` and the layer when a piece or
+/// its scale is missing.
+void fuse_lora_adapters(std::map<std::string, torch::Tensor>& params, const nlohmann::json& scales,
+                        const std::string& where);
 
 /// Writes consolidate_checkpoint(...) into out_dir (created) and returns the number of tensors.
 int64_t export_hf_checkpoint(const std::filesystem::path& checkpoint_dir, const std::string& tag,

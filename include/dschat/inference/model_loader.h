@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "dschat/models/causal_lm.h"
@@ -17,6 +18,9 @@ struct LoadOptions {
   torch::ScalarType dtype = torch::kFloat32;  // parameters are cast to this after loading
   torch::Device device = torch::kCPU;
   bool random_init = false;  // ignore weights: preset or config.json shapes, N(0, 0.02) weights
+  /// Overrides every dropout probability of the config (dropout, attention_dropout,
+  /// activation_dropout), as DeepSpeed-Chat's --dropout / --actor_dropout do.
+  std::optional<double> dropout;
 };
 
 /// `name_or_path`: directory, HF id in the local cache, short name; with random_init also a
@@ -34,6 +38,10 @@ void save_causal_lm(models::CausalLM& model, const std::filesystem::path& dir,
 void save_value_model(models::ValueHeadModel& model, const std::filesystem::path& dir,
                       int64_t max_shard_bytes = int64_t{5} << 30);
 
+/// Writes `state` (HF names) with `config` into `dir`: weights first, config.json last, so a
+/// directory with a config.json always holds complete weights.
+void save_model_tensors(const models::NamedTensors& state, const core::ModelConfig& config,
+                        const std::filesystem::path& dir, int64_t max_shard_bytes = int64_t{5} << 30);
 /// "fp32" | "float32" | "bf16" | "bfloat16" | "fp16" | "float16" -> dtype (InvalidArgument otherwise).
 torch::ScalarType parse_dtype(const std::string& name);
 

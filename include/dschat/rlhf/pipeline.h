@@ -1,0 +1,32 @@
+#pragma once
+// `dschat train`: the three steps in sequence, each step's output feeding the next
+// (<out>/actor -> step 3's actor, <out>/reward -> step 3's critic and reward), with
+// DeepSpeed-Chat's e2e_rlhf.py banners and durations. A finished step (its output directory holds
+// training_summary.json) is skipped; an interrupted one resumes from its checkpoints.
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/step_context.h"
+
+namespace dschat {
+namespace rlhf {
+
+struct PipelineResult {
+  /// Per step that ran or had finished before: its training_summary.json ("step1", "step2",
+  /// "step3"); "skipped": the steps found finished and not rerun.
+  nlohmann::json summaries = nlohmann::json::object();
+  std::vector<int> skipped;
+  double seconds = 0.0;
+};
+
+/// Collective. Throws what the steps throw (Interrupted after a stop request has saved).
+PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& context);
+
+/// "H:MM:SS", as e2e_rlhf.py prints durations.
+std::string format_hms(double seconds);
+
+}  // namespace rlhf
+}  // namespace dschat

@@ -1,0 +1,201 @@
+#pragma once
+// The typed configuration of `dschat train` and of each step (`dschat sft|rm|ppo`). Every key is
+// named as DeepSpeed-Chat's command-line argument of the same meaning (snake_case, without the
+// dashes), and every default is DeepSpeed-Chat's (deepspeed-chat-app.md §2-§4), except where
+// docs/config.md says why we differ. A config file is JSON:
+//
+//   {
+//     "actor_model": "facebook/opt-1.3b", "reward_model": "facebook/opt-350m",
+//     "deployment": "single_gpu", "output_dir": "./output", "init": "pretrained",
+//     "data": { "data_path": ["Dahoas/rm-static"], "data_split": "2,4,4", ... },
+//     "step1": { "per_device_train_batch_size": 16, "learning_rate": 1e-3, "lora_dim": 128, ... },
+//     "step2": { ... }, "step3": { "actor_learning_rate": 9.65e-6, ... }
+//   }
+//
+// Presets (configs/<deployment>/step<N>/<model size>.json, compiled into the binary) give the
+// values of DeepSpeed-Chat's training scripts; a user's --config is merged over the preset (JSON
+// merge-patch: objects merge key by key, anything else replaces), then parsed. Unknown keys are
+// errors that name the file and suggest the nearest known key.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/rlhf/ppo_math.h"
+
+namespace dschat {
+namespace rlhf {
+
+/// Where the phases' data comes from (shared by the three steps, as DS-Chat's scripts pass the
+/// same --data_path/--data_split/--data_output_path to each).
+struct DataConfig {
+  std::vector<std::string> data_path = {"Dahoas/rm-static"};
+  std::string data_split = "2,4,4";
+  std::vector<std::string> sft_only_data_path;     // step 1 only
+  std::string data_output_path = "/tmp/data_files";  // tokenised cache; "" disables it
+  std::string local_jsonfile_dir = "data";         // what "local/jsonfile" reads: <dir>/{train,eval}.json
+  /// Mixture training (step 3): unsupervised text files/dirs/hub ids; empty = off. DS-Chat's
+  /// --unsupervised_dataset_name + _config_name pair become one path here.
+  std::vector<std::string> unsupervised_dataset_name;
+  double unsup_coef = 27.8;
+};
+
+/// How one trained model is optimised and laid out (the per-model flags of DS-Chat's mains).
+struct ModelTrainingConfig {
+  double learning_rate = 1e-3;
+  double weight_decay = 0.0;
+  int zero_stage = 0;
+  bool gradient_checkpointing = false;
+  std::optional<double> dropout;  // nullopt: keep the checkpoint's config
+  int64_t lora_dim = 0;            // 0: LoRA off
+  std::string lora_module_name = "decoder.layers.";
+  double lora_learning_rate = 5e-4;
+};
+
+/// Settings every step shares.
+struct CommonStepConfig {
+  std::string dtype = "fp16";  // fp16 | bf16 | fp32 (ours: fp32, the CPU default)
+  bool offload = false;
+  uint32_t seed = 1234;
+  int64_t num_train_epochs = 1;
+  int64_t gradient_accumulation_steps = 1;
+  std::string lr_scheduler_type = "cosine";
+  int64_t num_warmup_steps = 0;
+  bool only_optimize_lora = false;
+  bool compute_fp32_loss = false;
+  bool add_eot_token = false;
+  bool enable_tensorboard = false;
+  std::string tensorboard_path;  // "" : <output_dir>/tensorboard
+  /// Ours: optimizer steps between resumable checkpoints (0: only at the end of each epoch).
+  int64_t checkpoint_interval = 0;
+  /// Ours: print a progress line every this many optimizer steps (DS-Chat: every step).
+  int64_t print_interval = 1;
+};
+
+struct SftConfig {
+  std::string model_name_or_path;  // required
+  DataConfig data;
+  CommonStepConfig common;
+  ModelTrainingConfig model;  // learning_rate 1e-3
+  int64_t per_device_train_batch_size = 16;
+  int64_t per_device_eval_batch_size = 16;
+  int64_t max_seq_len = 512;
+  std::string eot_token = "<|endoftext|>";
+  bool print_loss = false;
+  std::string output_dir;  // "" : nothing saved
+};
+
+struct RewardConfig {
+  std::string model_name_or_path;  // required (the SFT output in `dschat train`, or a base model)
+  DataConfig data;
+  CommonStepConfig common;
+  ModelTrainingConfig model;  // learning_rate 5e-5
+  int64_t per_device_train_batch_size = 16;
+  int64_t per_device_eval_batch_size = 16;
+  int64_t max_seq_len = 512;
+  /// DS-Chat's --num_padding_at_beginning (1 for OPT). nullopt: computed from the tokenizer
+  /// (1 when it prepends a BOS that equals its pad token, else 0).
+  std::optional<int64_t> num_padding_at_beginning;
+  int64_t eval_interval = 0;  // > 0: evaluate every N optimizer steps
+  int64_t eval_iters = 100;   // at most this many eval batches per evaluation
+  std::string output_dir;
+};
+
+/// How experience answers are decoded. DS-Chat passes no sampling arguments, so an OPT actor
+/// decodes greedily; these are ours and default to that.
+struct ExperienceSampling {
+  bool do_sample = false;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+};
+
+struct PpoConfig {
+  std::string actor_model_name_or_path;   // required (step-1 output)
+  std::string critic_model_name_or_path;  // required (step-2 output)
+  DataConfig data;
+  CommonStepConfig common;  // num_warmup_steps 100
+  ModelTrainingConfig actor;   // learning_rate 9.65e-6
+  ModelTrainingConfig critic;  // learning_rate 5e-6
+  int64_t num_padding_at_beginning = 1;  // accepted for compatibility; step 3 does not use it
+  int64_t per_device_generation_batch_size = 16;
+  int64_t per_device_training_batch_size = 16;
+  int64_t generation_batches = 1;
+  int64_t ppo_epochs = 1;
+  int64_t max_prompt_seq_len = 256;
+  int64_t max_answer_seq_len = 256;
+  // hybrid_engine block of the actor's DeepSpeed config
+  bool enable_hybrid_engine = false;
+  bool unpin_actor_parameters = false;
+  bool release_inference_cache = false;
+  int64_t inference_tp_size = 1;
+  int64_t tp_gather_partition_size = 8;
+  bool offload_reference_model = false;
+  bool offload_reward_model = false;
+  bool enable_ema = false;
+  bool enable_mixed_precision_lora = false;  // refused: core::Unsupported (no ZeRO++ quantisation)
+  bool align_overflow = false;
+  bool print_answers = false;
+  int64_t print_answers_interval = 1;
+  bool enable_test_mode = false;
+  int64_t test_stop_step = 0;
+  /// Ours: answers with fewer non-pad tokens are dropped (DS-Chat: 2, i.e. `valid_len <= 1`
+  /// dropped; the demo's one-token answers need 1).
+  int64_t min_answer_tokens = kMinAnswerTokens;
+  PpoConstants constants;      // "kl_ctl", "clip_reward_value", "cliprange", "cliprange_value", "gamma", "lam"
+  ExperienceSampling sampling;  // "experience_sampling": {...}
+  std::string output_dir;
+};
+
+/// `dschat train`: the three steps and where their outputs go (<output_dir>/actor, /reward,
+/// /step3/{actor,critic,actor_ema}).
+struct PipelineConfig {
+  std::string actor_model = "facebook/opt-1.3b";
+  std::string reward_model = "facebook/opt-350m";
+  std::string deployment = "single_gpu";  // single_gpu | single_node | multi_node
+  std::string output_dir = "./output";
+  std::string init = "pretrained";  // pretrained | random (build the named shapes, random weights)
+  std::string tokenizer;            // "" : the actor model's directory
+  std::vector<int> steps = {1, 2, 3};
+  /// End `dschat train` with the demo's held-out table (demo_report.h); configs/demo.json sets it.
+  bool demo_report = false;
+  SftConfig step1;
+  RewardConfig step2;
+  PpoConfig step3;
+};
+
+/// RFC 7386 merge patch: objects merge key by key (recursively), null deletes, anything else
+/// replaces. How --config applies over a preset.
+nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& patch);
+
+/// Parses one step's block. `where` names the source in errors ("my.json: step1"). `data` is
+/// the already parsed shared data block (a step's own "data" keys merge over it). Throws
+/// core::ConfigError for unknown keys (nearest known key suggested), wrong types and values out
+/// of range, naming the key.
+SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
+RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
+PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
+DataConfig parse_data_config(const nlohmann::json& json, const std::string& where);
+
+/// The whole file: top-level keys, "data", "step1", "step2", "step3". Fills the model paths
+/// the steps chain through (step1.model <- actor_model, step2.model <- reward_model,
+/// step3.actor <- <out>/actor, step3.critic <- <out>/reward, output dirs under output_dir) where
+/// the file leaves them empty.
+PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where);
+
+/// The preset for (deployment, actor size, reward size) as JSON: DS-Chat's e2e_rlhf.py choice of
+/// scripts (step 1 and 3 by actor size, step 2 by reward size). Sizes are given as model names
+/// ("opt-1.3b", "facebook/opt-13b"). Throws core::ConfigError listing the combinations that exist.
+nlohmann::json preset_config(const std::string& deployment, const std::string& actor_model,
+                             const std::string& reward_model);
+
+/// The embedded default of `dschat train` with no arguments (configs/demo.json).
+nlohmann::json demo_config();
+
+/// The names of every compiled-in preset file ("single_gpu/step1/opt-1.3b.json", ...).
+std::vector<std::string> preset_names();
+
+}  // namespace rlhf
+}  // namespace dschat

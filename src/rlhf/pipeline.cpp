@@ -1,0 +1,81 @@
+#include "dschat/rlhf/pipeline.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/log.h"
+#include "dschat/rlhf/ppo_trainer.h"
+#include "dschat/rlhf/reward_trainer.h"
+#include "dschat/rlhf/sft_trainer.h"
+#include "rlhf/step_runner.h"
+#include "rlhf/step_setup.h"
+
+namespace dschat {
+namespace rlhf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string step_output(const PipelineConfig& config, int step) {
+  return step == 1 ? config.step1.output_dir : step == 2 ? config.step2.output_dir : config.step3.output_dir;
+}
+
+// e2e_rlhf.py's verify_model: step 3 needs the step-1 and step-2 models.
+void require_model(const std::string& dir, int step) {
+  DSCHAT_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "config.json"), NotFound, "step 3 needs the step-",
+               step, " model in ", dir, ", which does not exist; run `dschat train --step ", step,
+               "` first (or set step3.", step == 1 ? "actor" : "critic", "_model_name_or_path)");
+}
+
+}  // namespace
+
+std::string format_hms(double seconds) {
+  const auto total = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  std::snprintf(text, sizeof(text), "%lld:%02lld:%02lld", total / 3600, (total / 60) % 60, total % 60);
+  return text;
+}
+
+PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& context) {
+  const auto start = Clock::now();
+  PipelineResult result;
+  std::vector<int> ran;
+  for (int step : config.steps) {
+    const std::string key = "step" + std::to_string(step);
+    const std::string output = step_output(config, step);
+    if (auto summary = finished_step_summary(output)) {
+      core::log_info("---=== Step ", step, " already finished (", output, "); skipped ===---");
+      result.summaries[key] = *summary;
+      result.skipped.push_back(step);
+      continue;
+    }
+    core::log_info("---=== Running Step ", step, " ===---");
+    const auto step_start = Clock::now();
+    StepContext step_context = context;
+    if (step == 1) {
+      result.summaries[key] = run_sft(config.step1, step_context).to_json();
+    } else if (step == 2) {
+      // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
+      if (config.step2.model_name_or_path == config.step1.output_dir) step_context.random_init = false;
+      result.summaries[key] = run_reward(config.step2, step_context).to_json();
+    } else {
+      require_model(config.step3.actor_model_name_or_path, 1);
+      require_model(config.step3.critic_model_name_or_path, 2);
+      step_context.random_init = false;  // step 3 starts from the trained models
+      result.summaries[key] = run_ppo(config.step3, step_context).to_json();
+    }
+    ran.push_back(step);
+    core::log_info("---=== Finished Step ", step, " in ",
+                   format_hms(std::chrono::duration<double>(Clock::now() - step_start).count()), " ===---");
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (ran.size() > 1) {
+    std::string list;
+    for (int s : ran) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    core::log_info("---=== Finished Steps [", list, "] in ", format_hms(result.seconds), " ===---");
+  }
+  return result;
+}
+
+}  // namespace rlhf
+}  // namespace dschat

@@ -1,0 +1,109 @@
+// The whole `dschat train` file: top-level keys, the shared data block, the three step blocks, and
+// the chaining of model and output paths between the steps. The step blocks themselves are parsed
+// in step_config_parse.cpp; the compiled-in presets live in config_presets.cpp.
+#include "dschat/rlhf/pipeline_config.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/json_object.h"
+#include "core/strings.h"
+#include "dschat/core/error.h"
+
+namespace dschat {
+namespace rlhf {
+
+nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& patch) {
+  // RFC 7386: a non-object patch replaces the target wholesale (arrays included).
+  if (!patch.is_object()) return patch;
+  if (!base.is_object()) base = nlohmann::json::object();
+  for (auto it = patch.begin(); it != patch.end(); ++it) {
+    if (it.value().is_null()) {
+      base.erase(it.key());
+    } else {
+      auto found = base.find(it.key());
+      nlohmann::json current = found != base.end() ? *found : nlohmann::json();
+      base[it.key()] = merge_config(std::move(current), it.value());
+    }
+  }
+  return base;
+}
+
+namespace {
+
+std::vector<int> read_steps(core::JsonObject& o, const std::vector<int>& fallback) {
+  if (!o.has("steps")) {
+    o.accept({"steps"});
+    return fallback;
+  }
+  std::vector<int> steps;
+  for (int64_t step : o.get<std::vector<int64_t>>("steps", {})) {
+    DSCHAT_CHECK(step >= 1 && step <= 3, ConfigError, o.at("steps"), ": ", step, " is not a step (1, 2 or 3)");
+    DSCHAT_CHECK(std::find(steps.begin(), steps.end(), step) == steps.end(), ConfigError, o.at("steps"),
+                 ": step ", step, " is listed twice");
+    steps.push_back(static_cast<int>(step));
+  }
+  DSCHAT_CHECK(!steps.empty(), ConfigError, o.at("steps"), " must list at least one step");
+  return steps;
+}
+
+std::string read_one_of(core::JsonObject& o, const std::string& key, const std::string& fallback,
+                        const std::vector<std::string>& choices) {
+  std::string value = o.get<std::string>(key, fallback);
+  DSCHAT_CHECK(std::find(choices.begin(), choices.end(), value) != choices.end(), ConfigError, o.at(key), ": '",
+               value, "' is not one of ", core::join(choices));
+  return value;
+}
+
+std::string join_path(const std::string& dir, const std::string& leaf) {
+  return (std::filesystem::path(dir) / leaf).string();
+}
+
+const nlohmann::json& member(const nlohmann::json& json, const char* key) {
+  static const nlohmann::json kNull;
+  auto it = json.find(key);
+  return it == json.end() ? kNull : *it;
+}
+
+}  // namespace
+
+PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where) {
+  core::JsonObject o(json, where);
+  PipelineConfig c;
+  o.get<nlohmann::json>("description", nullptr);  // free text, ignored
+  c.actor_model = o.get<std::string>("actor_model", c.actor_model);
+  c.reward_model = o.get<std::string>("reward_model", c.reward_model);
+  c.demo_report = o.get<bool>("demo_report", c.demo_report);
+  c.deployment = read_one_of(o, "deployment", c.deployment, {"single_gpu", "single_node", "multi_node"});
+  c.output_dir = o.get<std::string>("output_dir", c.output_dir);
+  DSCHAT_CHECK(!c.output_dir.empty(), ConfigError, o.at("output_dir"), " must not be empty");
+  c.init = read_one_of(o, "init", c.init, {"pretrained", "random"});
+  c.tokenizer = o.get<std::string>("tokenizer", c.tokenizer);
+  c.steps = read_steps(o, c.steps);
+  // Type-check the nested blocks here (object() throws for a non-object) so the error names the
+  // top-level key; their contents are parsed below with their own `where`.
+  o.object("data");
+  o.object("step1");
+  o.object("step2");
+  o.object("step3");
+  o.finish();
+
+  DataConfig data = parse_data_config(member(json, "data"), where + ": data");
+  c.step1 = parse_sft_config(member(json, "step1"), where + ": step1", data);
+  c.step2 = parse_reward_config(member(json, "step2"), where + ": step2", data);
+  c.step3 = parse_ppo_config(member(json, "step3"), where + ": step3", data);
+
+  // Chaining, as e2e_rlhf.py passes the step outputs along. Step 2 starts from the base reward
+  // model, not from step 1's output (DS-Chat's run_350m.sh loads facebook/opt-350m).
+  if (c.step1.model_name_or_path.empty()) c.step1.model_name_or_path = c.actor_model;
+  if (c.step2.model_name_or_path.empty()) c.step2.model_name_or_path = c.reward_model;
+  if (c.step1.output_dir.empty()) c.step1.output_dir = join_path(c.output_dir, "actor");
+  if (c.step2.output_dir.empty()) c.step2.output_dir = join_path(c.output_dir, "reward");
+  if (c.step3.actor_model_name_or_path.empty()) c.step3.actor_model_name_or_path = c.step1.output_dir;
+  if (c.step3.critic_model_name_or_path.empty()) c.step3.critic_model_name_or_path = c.step2.output_dir;
+  if (c.step3.output_dir.empty()) c.step3.output_dir = join_path(c.output_dir, "step3");
+  return c;
+}
+
+}  // namespace rlhf
+}  // namespace dschat

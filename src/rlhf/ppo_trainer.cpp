@@ -1,0 +1,309 @@
+#include "dschat/rlhf/ppo_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "core/log.h"
+#include "dschat/data/collate.h"
+#include "dschat/data/epoch_batches.h"
+#include "dschat/data/unsupervised.h"
+#include "dschat/io/state_dict.h"
+#include "io/atomic_file.h"
+#include "dschat/rlhf/metrics_log.h"
+#include "dschat/rlhf/progress.h"
+#include "rlhf/collapse_warnings.h"
+#include "rlhf/ppo_step.h"
+#include "rlhf/step_runner.h"
+#include "rlhf/step_setup.h"
+
+namespace dschat {
+namespace rlhf {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Removes every "global_step*" entry of `dir` except `keep` (the checkpoints of earlier steps).
+void prune_checkpoints(const fs::path& dir, const std::string& keep) {
+  if (!fs::exists(dir)) return;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("global_step", 0) == 0 && name != keep) io::remove_directory_tree(entry.path());
+  }
+}
+
+// The per-step sums that the log line and metrics average over the PPO micro-steps.
+struct StepTotals {
+  PpoStepStats sum;
+  double unsup_loss = 0.0;
+  int64_t micro_steps = 0;
+  void add(const PpoStepStats& s) {
+    sum.actor_loss += s.actor_loss;
+    sum.critic_loss += s.critic_loss;
+    sum.actor_clip_fraction += s.actor_clip_fraction;
+    sum.critic_clip_fraction += s.critic_clip_fraction;
+    sum.kl += s.kl;
+    sum.mean_reward += s.mean_reward;
+    sum.mean_answer_tokens += s.mean_answer_tokens;
+    ++micro_steps;
+  }
+  double mean(double total) const { return micro_steps > 0 ? total / static_cast<double>(micro_steps) : 0.0; }
+};
+
+}  // namespace
+
+nlohmann::json PpoResult::to_json() const {
+  return {{"step_rewards", step_rewards},     {"reward_ema", reward_ema},
+          {"mean_kl", mean_kl},               {"steps", steps},
+          {"skipped_batches", skipped_batches}, {"generate_seconds", generate_seconds},
+          {"train_seconds", train_seconds},   {"seconds", seconds},
+          {"sequences_per_second", sequences_per_second}};
+}
+
+PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
+  const auto start = Clock::now();
+  const std::string where = "step 3 (PPO)";
+  const int64_t rank = context_rank(context), world = context_world(context);
+  StepRunner runner(where, config.output_dir, config.common, context);
+  DSCHAT_CHECK(!config.enable_mixed_precision_lora, Unsupported, where,
+               ": enable_mixed_precision_lora (ZeRO++ quantised weights) is not implemented");
+  torch::manual_seed(config.common.seed);
+
+  auto tokenizer = load_step_tokenizer(context, config.actor_model_name_or_path);
+  const int64_t pad = pad_token_of(tokenizer);
+  const int64_t eos = tokenizer.eos_token_id().value_or(pad);
+  const int64_t P = config.max_prompt_seq_len;
+  data::PhaseData phase = data::create_prompt_dataset(
+      prompt_data_options(config.data, 3, config.common.seed, P, eos_text_of(tokenizer)), tokenizer);
+  data::DistributedSampler prompt_sampler(phase.train.size(), world, rank, /*shuffle=*/true, config.common.seed);
+  const int64_t gen_bs = config.per_device_generation_batch_size, train_bs = config.per_device_training_batch_size;
+  int64_t steps_per_epoch = (prompt_sampler.num_samples() + gen_bs - 1) / gen_bs;
+
+  const bool mixture = !config.data.unsupervised_dataset_name.empty();
+  data::TokenizedDataset unsup;
+  std::optional<data::DistributedSampler> unsup_sampler;
+  if (mixture) {
+    data::UnsupervisedDataOptions options;
+    options.paths = config.data.unsupervised_dataset_name;
+    options.block_size = P + config.max_answer_seq_len;
+    options.cache_dir = config.data.data_output_path;
+    unsup = data::create_unsupervised_dataset(options, tokenizer);
+    unsup_sampler.emplace(unsup.size(), world, rank, true, config.common.seed);
+    steps_per_epoch = std::min(steps_per_epoch, (unsup_sampler->num_samples() + gen_bs - 1) / gen_bs);
+  }
+  const int64_t gas = config.common.gradient_accumulation_steps;
+  const int64_t actor_gas = mixture ? 2 * gas : gas;  // DS-Chat doubles it: two actor backwards per micro-step
+  const int64_t total_iters = static_cast<int64_t>(static_cast<double>(config.common.num_train_epochs * steps_per_epoch) *
+                                                   (static_cast<double>(gen_bs) / static_cast<double>(train_bs)) *
+                                                   static_cast<double>(config.ppo_epochs) / static_cast<double>(gas));
+  RlhfModels models = build_rlhf_models(config, total_iters, actor_gas, context);
+  check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
+
+  MetricsLogOptions metrics_options;
+  metrics_options.tensorboard = config.common.enable_tensorboard;
+  metrics_options.tensorboard_dir = config.common.tensorboard_path;
+  metrics_options.rank0 = rank == 0;
+  MetricsLog metrics(runner.log_dir(), metrics_options);
+  const fs::path ckpt = runner.checkpoint_dir();
+
+  PpoResult result;
+  int64_t start_epoch = 0, skip_batches = 0, step = 0;
+  bool have_reward_ema = false;
+  if (runner.can_resume("actor")) {
+    engine::TrainingEngine& actor_engine = models.actor->training_engine();
+    const nlohmann::json state = actor_engine.load_checkpoint(ckpt / "actor");
+    const std::string tag = state.at("tag").get<std::string>();
+    models.critic_engine->load_checkpoint(ckpt / "critic", tag);
+    if (models.ema) {
+      io::TensorMap ema = io::load_state_dict(ckpt / "ema" / tag);
+      torch::NoGradGuard no_grad;
+      for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
+    }
+    start_epoch = state.at("epoch").get<int64_t>();
+    skip_batches = state.at("batch").get<int64_t>();
+    step = state.at("step").get<int64_t>();
+    result.reward_ema = state.at("reward_ema").get<double>();
+    result.step_rewards = state.at("step_rewards").get<std::vector<double>>();
+    result.skipped_batches = state.at("skipped_batches").get<int64_t>();
+    have_reward_ema = step > 0;
+    result.resumed = true;
+    core::log_info(where, ": resuming from ", ckpt.string(), " (", tag, ") at epoch ", start_epoch, ", batch ",
+                   skip_batches);
+  }
+
+  Progress progress("PPO", config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
+                    !context.progress);
+  std::optional<Experience> last_experience;
+  std::vector<Experience> exp_buffer;
+  std::vector<data::SftBatch> unsup_buffer;
+  CollapseWatch collapse(config.max_answer_seq_len);
+  bool stop_test_mode = false;
+  for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs && !stop_test_mode; ++epoch) {
+    data::EpochBatches<data::PromptBatch> prompts(prompt_sampler, epoch, gen_bs, false,
+                                                  [&](const std::vector<int64_t>& items) {
+                                                    return data::collate_prompts(phase.train, items, pad, P);
+                                                  });
+    std::optional<data::EpochBatches<data::SftBatch>> unsup_batches;
+    if (mixture) {
+      unsup_batches.emplace(*unsup_sampler, epoch, gen_bs, false, [&](const std::vector<int64_t>& items) {
+        return data::collate_sft(unsup, items, {pad, std::nullopt});
+      });
+    }
+    for (int64_t batch_index = 0; batch_index < steps_per_epoch; ++batch_index) {
+      auto batch = prompts.next();
+      std::optional<data::SftBatch> unsup_batch;
+      if (mixture) unsup_batch = unsup_batches->next();
+      if (!batch || (mixture && !unsup_batch)) break;
+      if (batch_index < skip_batches) continue;
+      const uint64_t sample_seed = config.common.seed + 1000003ULL * static_cast<uint64_t>(rank) +
+                                   static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
+      std::optional<Experience> exp = make_experience(
+          models, batch->input_ids, batch->attention_mask,
+          experience_generation_config(config, eos, pad, sample_seed), pad, config.min_answer_tokens);
+      collapse.observe_generation(exp ? exp->rows() : 0, gen_bs);
+      if (!exp) {
+        if (!last_experience) {  // DS-Chat asserts here; we skip the batch
+          ++result.skipped_batches;
+          core::log_warn(where, ": every answer of batch ", batch_index, " was too short (< ", config.min_answer_tokens,
+                        " tokens); skipped");
+          continue;
+        }
+        core::log_warn(where, ": every answer was too short; reusing the previous batch's experience");
+        exp = last_experience;
+      }
+      last_experience = exp;
+      if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
+        for (int64_t i = 0; i < std::min<int64_t>(exp->rows(), 4); ++i) {
+          auto ids = exp->seq[i].slice(0, P);
+          core::log_info("--- answer ", i, ": ",
+                         tokenizer.decode(std::vector<int64_t>(ids.data_ptr<int64_t>(),
+                                                               ids.data_ptr<int64_t>() + ids.numel()),
+                                          true));
+        }
+      }
+      exp_buffer.push_back(*exp);
+      if (unsup_batch) unsup_buffer.push_back(*unsup_batch);
+      if (static_cast<int64_t>(exp_buffer.size()) < config.generation_batches) continue;
+
+      // Training phase: generation_batches experiences cut into training micro-batches.
+      const auto train_start = Clock::now();
+      double generate_seconds = 0.0;
+      int64_t sequences = 0;
+      std::vector<Experience> micro;
+      for (const Experience& e : exp_buffer) {
+        generate_seconds += e.generate_seconds;
+        sequences += e.rows();
+        for (int64_t b = 0; b < e.rows(); b += train_bs) micro.push_back(e.slice(b, std::min(e.rows(), b + train_bs)));
+      }
+      std::vector<data::SftBatch> unsup_micro = unsup_buffer;
+      std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
+      StepTotals totals;
+      for (int64_t ppo_epoch = 0; ppo_epoch < config.ppo_epochs; ++ppo_epoch) {
+        for (size_t i = 0; i < micro.size(); ++i) {
+          totals.add(train_rlhf(models, micro[i], config.constants, config.common.compute_fp32_loss));
+          if (mixture && i < unsup_micro.size()) {
+            totals.unsup_loss += train_unsupervised(models, unsup_micro[i], config.data.unsup_coef);
+          }
+          if (models.ema) update_ema(models, kEmaBeta);
+        }
+        std::shuffle(micro.begin(), micro.end(), shuffle_rng);
+        std::shuffle(unsup_micro.begin(), unsup_micro.end(), shuffle_rng);
+      }
+      exp_buffer.clear();
+      unsup_buffer.clear();
+      const double train_seconds = seconds_since(train_start);
+      ++step;
+
+      const double reward = all_reduce_mean(context, totals.mean(totals.sum.mean_reward));
+      result.reward_ema = have_reward_ema ? 0.9 * result.reward_ema + 0.1 * reward : reward;
+      have_reward_ema = true;
+      result.step_rewards.push_back(reward);
+      result.mean_kl = all_reduce_mean(context, totals.mean(totals.sum.kl));
+      result.generate_seconds += generate_seconds;
+      result.train_seconds += train_seconds;
+      const double actor_loss = all_reduce_mean(context, totals.mean(totals.sum.actor_loss));
+      const double critic_loss = all_reduce_mean(context, totals.mean(totals.sum.critic_loss));
+      const double unsup_loss = all_reduce_mean(context, totals.mean(totals.unsup_loss));
+      const double answer_len = all_reduce_mean(context, totals.mean(totals.sum.mean_answer_tokens));
+      const double seqs_per_second = static_cast<double>(sequences * world) / (generate_seconds + train_seconds);
+      if (rank == 0 && config.common.print_interval > 0 && step % config.common.print_interval == 0) {
+        core::log_info("Epoch: ", epoch, " | Step: ", step, " | PPO Epoch: ", config.ppo_epochs,
+                       " | Actor Loss: ", actor_loss, " | Critic Loss: ", critic_loss,
+                       " | Unsupervised Loss: ", unsup_loss);
+        core::log_info("End-to-End => Latency: ", generate_seconds + train_seconds, "s, Generation: ",
+                       generate_seconds, "s, Training: ", train_seconds, "s, Samples/sec: ", seqs_per_second,
+                       ", Batch Size: ", sequences * world, ", Answer length: ", answer_len);
+        core::log_info("Average reward score: ", reward, " | EMA reward score: ", result.reward_ema,
+                       " | KL: ", result.mean_kl);
+      }
+      metrics.write("ppo", step, {{"reward", reward},
+                                  {"reward_ema", result.reward_ema},
+                                  {"kl", result.mean_kl},
+                                  {"actor_loss", actor_loss},
+                                  {"critic_loss", critic_loss},
+                                  {"unsup_loss", mixture ? unsup_loss : std::nan("")},
+                                  {"actor_clip_frac", all_reduce_mean(context, totals.mean(totals.sum.actor_clip_fraction))},
+                                  {"critic_clip_frac", all_reduce_mean(context, totals.mean(totals.sum.critic_clip_fraction))},
+                                  {"answer_len", answer_len},
+                                  {"gen_seconds", generate_seconds},
+                                  {"train_seconds", train_seconds},
+                                  {"seqs_per_sec", seqs_per_second}});
+      collapse.observe_step(answer_len, result.mean_kl, last_experience->seq, P, tokenizer);
+      progress.update(epoch * steps_per_epoch + batch_index + 1,
+                      "reward " + std::to_string(reward) + ", kl " + std::to_string(result.mean_kl));
+      if (config.enable_test_mode && step >= config.test_stop_step) stop_test_mode = true;
+      const bool at_boundary = models.actor->training_engine().is_gradient_accumulation_boundary() &&
+                               models.critic_engine->is_gradient_accumulation_boundary();
+      if (!at_boundary) continue;
+      runner.after_optimizer_step(step, [&] {
+        const std::string tag = "global_step" + std::to_string(step);
+        models.critic_engine->save_checkpoint(ckpt / "critic", tag);
+        if (models.ema && rank == 0) io::save_state_dict(ckpt / "ema" / tag, module_parameters(*models.ema));
+        nlohmann::json state = {{"tag", tag},
+                                {"epoch", batch_index + 1 >= steps_per_epoch ? epoch + 1 : epoch},
+                                {"batch", batch_index + 1 >= steps_per_epoch ? 0 : batch_index + 1},
+                                {"step", step},
+                                {"reward_ema", result.reward_ema},
+                                {"step_rewards", result.step_rewards},
+                                {"skipped_batches", result.skipped_batches}};
+        models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state);
+        if (rank == 0) {
+          for (const char* part : {"actor", "critic", "ema"}) prune_checkpoints(ckpt / part, tag);
+        }
+      });
+      if (stop_test_mode) break;
+    }
+    skip_batches = 0;
+  }
+  progress.finish();
+  result.steps = step;
+  result.seconds = seconds_since(start);
+  result.sequences_per_second =
+      result.generate_seconds + result.train_seconds > 0.0
+          ? static_cast<double>(step * gen_bs * config.generation_batches * world) /
+                (result.generate_seconds + result.train_seconds)
+          : 0.0;
+
+  // <output_dir>/{actor, critic, actor_ema}, assembled beside it and renamed into place.
+  auto actor_params = trained_parameters(models.actor->training_engine(), context);
+  auto critic_params = trained_parameters(*models.critic_engine, context);
+  if (rank == 0) {
+    const fs::path staging = staging_dir_for(config.output_dir);
+    io::remove_directory_tree(staging);
+    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
+    write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
+    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
+    commit_step_output(staging, config.output_dir, result.to_json());
+  }
+  if (context.communicator) context.communicator->barrier();
+  runner.finish();
+  return result;
+}
+
+}  // namespace rlhf
+}  // namespace dschat

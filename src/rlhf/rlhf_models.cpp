@@ -1,0 +1,108 @@
+#include "rlhf/rlhf_models.h"
+
+#include "core/log.h"
+#include "dschat/inference/model_loader.h"
+#include "dschat/rlhf/ppo_math.h"
+#include "rlhf/step_setup.h"
+
+namespace dschat {
+namespace rlhf {
+namespace {
+
+void freeze(torch::nn::Module& module) {
+  for (auto& p : module.parameters()) p.set_requires_grad(false);
+  module.eval();
+}
+
+}  // namespace
+
+RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+                             const StepContext& context) {
+  const std::string where = "step 3 (PPO)";
+  const int64_t world = context_world(context);
+  RlhfModels models;
+  inference::LoadOptions load;
+  load.dtype = step_dtype(config.common.dtype, where);
+  load.random_init = context.random_init;
+
+  // Every copy of a randomly initialised model must start equal: reseed before each load.
+  torch::manual_seed(config.common.seed);
+  inference::LoadOptions actor_load = load;
+  actor_load.dropout = config.actor.dropout;
+  models::CausalLM actor = inference::load_causal_lm(config.actor_model_name_or_path, actor_load);
+  actor->backbone().set_gradient_checkpointing(config.actor.gradient_checkpointing);
+  torch::manual_seed(config.common.seed + 1);  // the adapters' initial values
+  apply_lora(*actor, config.actor, config.common.only_optimize_lora);
+  actor->train();
+
+  engine::HybridEngineConfig hybrid;
+  hybrid.enabled = config.enable_hybrid_engine;
+  hybrid.max_out_tokens = config.max_prompt_seq_len + config.max_answer_seq_len;
+  hybrid.inference_tp_size = config.inference_tp_size;
+  hybrid.release_inference_cache = config.release_inference_cache;
+  hybrid.pin_parameters = !config.unpin_actor_parameters;
+  hybrid.tp_gather_partition_size = config.tp_gather_partition_size;
+  hybrid::HybridEngineOptions actor_options;
+  actor_options.training = training_engine_options(
+      config.common, config.actor,
+      train_ds_config(config.common, config.actor.zero_stage, config.per_device_training_batch_size, actor_gas, world,
+                      where + ": actor", &hybrid),
+      total_iters, context);
+  models.actor = std::make_unique<hybrid::HybridEngine>(actor, std::move(actor_options));
+
+  torch::manual_seed(config.common.seed);
+  models.ref = inference::load_causal_lm(config.actor_model_name_or_path, load);
+  freeze(*models.ref);
+
+  if (config.enable_ema) {
+    torch::manual_seed(config.common.seed);
+    models.ema = inference::load_causal_lm(config.actor_model_name_or_path, load);
+    // Same adapters as the actor's (DS-Chat gives the EMA fresh ones: only their effect, a zero
+    // delta, matches); names must match for the average.
+    torch::manual_seed(config.common.seed + 1);
+    apply_lora(*models.ema, config.actor, false);
+    freeze(*models.ema);
+  }
+
+  inference::LoadOptions critic_load = load;
+  critic_load.dropout = config.critic.dropout;
+  torch::manual_seed(config.common.seed + 2);
+  models.critic = inference::load_value_model(config.critic_model_name_or_path, critic_load);
+  models.critic->backbone().set_gradient_checkpointing(config.critic.gradient_checkpointing);
+  torch::manual_seed(config.common.seed + 3);
+  apply_lora(*models.critic, config.critic, config.common.only_optimize_lora, {"v_head.weight"});
+  models.critic->train();
+  models.critic_engine = std::make_unique<engine::TrainingEngine>(
+      models.critic.ptr(),
+      training_engine_options(config.common, config.critic,
+                              train_ds_config(config.common, config.critic.zero_stage,
+                                              config.per_device_training_batch_size,
+                                              config.common.gradient_accumulation_steps, world, where + ": critic"),
+                              total_iters, context));
+
+  torch::manual_seed(config.common.seed + 2);
+  models.reward = inference::load_value_model(config.critic_model_name_or_path, load);
+  freeze(*models.reward);
+  return models;
+}
+
+void update_ema(RlhfModels& models, double beta) {
+  if (!models.ema) return;
+  engine::TrainingEngine& engine = models.actor->training_engine();
+  if (engine.layer_parameter_hooks() == nullptr) {  // ZeRO 0-2: every parameter is resident
+    ema_update(*models.actor->actor(), *models.ema, beta);
+    return;
+  }
+  // ZeRO-3: gather the full parameters (collective) and average by name.
+  std::map<std::string, torch::Tensor> full = engine.consolidated_parameters();
+  engine.release_gathered_parameters();
+  torch::NoGradGuard no_grad;
+  for (auto& item : models.ema->named_parameters()) {
+    auto it = full.find(item.key());
+    DSCHAT_CHECK(it != full.end(), InvalidArgument, "EMA: the actor has no parameter '", item.key(), "'");
+    item.value().lerp_(it->second.to(item.value().dtype()), 1.0 - beta);
+  }
+}
+
+}  // namespace rlhf
+}  // namespace dschat

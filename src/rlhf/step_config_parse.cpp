@@ -1,0 +1,259 @@
+// The per-step blocks of a pipeline config ("step1", "step2", "step3") and the data block. Every
+// key is DeepSpeed-Chat's argparse name; defaults are set before reading, so an empty block gives
+// DS-Chat's CLI defaults (docs/config.md lists every key and where we differ).
+#include "dschat/rlhf/pipeline_config.h"
+
+#include <limits>
+
+#include "core/json_object.h"
+#include "core/strings.h"
+#include "dschat/core/error.h"
+#include "dschat/data/split.h"
+#include "dschat/engine/lr_schedule.h"
+
+namespace dschat {
+namespace rlhf {
+namespace {
+
+using core::JsonObject;
+
+// An absent step block (or an explicit null, as merge_config leaves none) reads as {}.
+const nlohmann::json& object_or_empty(const nlohmann::json& json) {
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  return json.is_null() ? kEmpty : json;
+}
+
+int64_t read_min(JsonObject& o, const std::string& key, int64_t fallback, int64_t min) {
+  int64_t value = o.get<int64_t>(key, fallback);
+  DSCHAT_CHECK(value >= min, ConfigError, o.at(key), " must be >= ", min, ", got ", value);
+  return value;
+}
+
+double read_nonnegative(JsonObject& o, const std::string& key, double fallback) {
+  double value = o.get<double>(key, fallback);
+  DSCHAT_CHECK(value >= 0 && value < std::numeric_limits<double>::infinity(), ConfigError, o.at(key),
+               " must be a finite number >= 0, got ", value);
+  return value;
+}
+
+double read_positive(JsonObject& o, const std::string& key, double fallback) {
+  double value = o.get<double>(key, fallback);
+  DSCHAT_CHECK(value > 0 && value < std::numeric_limits<double>::infinity(), ConfigError, o.at(key),
+               " must be a finite number > 0, got ", value);
+  return value;
+}
+
+double read_unit(JsonObject& o, const std::string& key, double fallback) {
+  return core::check_range(o, key, o.get<double>(key, fallback), 0.0, 1.0);
+}
+
+std::string read_choice(JsonObject& o, const std::string& key, const std::string& fallback,
+                        const std::vector<std::string>& choices) {
+  std::string value = o.get<std::string>(key, fallback);
+  for (const auto& choice : choices) {
+    if (value == choice) return value;
+  }
+  DSCHAT_THROW(ConfigError, o.at(key), ": '", value, "' is not one of ", core::join(choices));
+}
+
+// DS-Chat's nargs="*" flags: a JSON array of strings, or one string for a single entry.
+std::vector<std::string> read_string_list(JsonObject& o, const std::string& key,
+                                          const std::vector<std::string>& fallback) {
+  if (o.has(key) && o.get<nlohmann::json>(key, nullptr).is_string()) {
+    return {o.get<std::string>(key, "")};
+  }
+  return o.get<std::vector<std::string>>(key, fallback);
+}
+
+void read_data_keys(JsonObject& o, DataConfig& data) {
+  data.data_path = read_string_list(o, "data_path", data.data_path);
+  DSCHAT_CHECK(!data.data_path.empty(), ConfigError, o.at("data_path"), " must name at least one dataset");
+  data.data_split = o.get<std::string>("data_split", data.data_split);
+  try {
+    data::parse_data_split(data.data_split);
+  } catch (const core::ConfigError& e) {
+    DSCHAT_THROW(ConfigError, o.at("data_split"), ": ", e.what());
+  }
+  data.sft_only_data_path = read_string_list(o, "sft_only_data_path", data.sft_only_data_path);
+  data.data_output_path = o.get<std::string>("data_output_path", data.data_output_path);
+  data.local_jsonfile_dir = o.get<std::string>("local_jsonfile_dir", data.local_jsonfile_dir);
+  data.unsupervised_dataset_name = read_string_list(o, "unsupervised_dataset_name", data.unsupervised_dataset_name);
+  data.unsup_coef = read_nonnegative(o, "unsup_coef", data.unsup_coef);
+}
+
+// A step's own "data" object merges over the shared one key by key.
+DataConfig read_step_data(JsonObject& o, const DataConfig& shared) {
+  DataConfig data = shared;
+  if (auto nested = o.object("data")) {
+    read_data_keys(*nested, data);
+    nested->finish();
+  }
+  return data;
+}
+
+void read_common(JsonObject& o, CommonStepConfig& c) {
+  c.dtype = read_choice(o, "dtype", c.dtype, {"fp16", "bf16", "fp32"});
+  c.offload = o.get<bool>("offload", c.offload);
+  c.seed = static_cast<uint32_t>(core::check_range<int64_t>(o, "seed", o.get<int64_t>("seed", c.seed), 0,
+                                                            std::numeric_limits<uint32_t>::max()));
+  c.num_train_epochs = read_min(o, "num_train_epochs", c.num_train_epochs, 1);
+  c.gradient_accumulation_steps = read_min(o, "gradient_accumulation_steps", c.gradient_accumulation_steps, 1);
+  c.lr_scheduler_type = read_choice(o, "lr_scheduler_type", c.lr_scheduler_type, engine::LrSchedule::type_names());
+  c.num_warmup_steps = read_min(o, "num_warmup_steps", c.num_warmup_steps, 0);
+  c.only_optimize_lora = o.get<bool>("only_optimize_lora", c.only_optimize_lora);
+  c.compute_fp32_loss = o.get<bool>("compute_fp32_loss", c.compute_fp32_loss);
+  c.add_eot_token = o.get<bool>("add_eot_token", c.add_eot_token);
+  c.enable_tensorboard = o.get<bool>("enable_tensorboard", c.enable_tensorboard);
+  c.tensorboard_path = o.get<std::string>("tensorboard_path", c.tensorboard_path);
+  c.checkpoint_interval = read_min(o, "checkpoint_interval", c.checkpoint_interval, 0);
+  c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
+}
+
+// Step 1/2 flags unprefixed; step 3 passes "actor_" / "critic_".
+void read_model(JsonObject& o, const std::string& prefix, ModelTrainingConfig& m) {
+  m.learning_rate = read_nonnegative(o, prefix + "learning_rate", m.learning_rate);
+  m.weight_decay = read_nonnegative(o, prefix + "weight_decay", m.weight_decay);
+  m.zero_stage = core::check_range(o, prefix + "zero_stage", o.get<int>(prefix + "zero_stage", m.zero_stage), 0, 3);
+  m.gradient_checkpointing = o.get<bool>(prefix + "gradient_checkpointing", m.gradient_checkpointing);
+  if (auto dropout = o.get_optional<double>(prefix + "dropout")) {
+    m.dropout = core::check_range(o, prefix + "dropout", *dropout, 0.0, 1.0);
+  }
+  m.lora_dim = read_min(o, prefix + "lora_dim", m.lora_dim, 0);
+  m.lora_module_name = o.get<std::string>(prefix + "lora_module_name", m.lora_module_name);
+  m.lora_learning_rate = read_nonnegative(o, prefix + "lora_learning_rate", m.lora_learning_rate);
+}
+
+// A free-text note (presets name the DS-Chat script they mirror).
+void accept_description(JsonObject& o) { o.get<nlohmann::json>("description", nullptr); }
+
+}  // namespace
+
+DataConfig parse_data_config(const nlohmann::json& json, const std::string& where) {
+  JsonObject o(object_or_empty(json), where);
+  DataConfig data;
+  read_data_keys(o, data);
+  o.finish();
+  return data;
+}
+
+SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where, const DataConfig& data) {
+  JsonObject o(object_or_empty(json), where);
+  SftConfig c;
+  c.model.learning_rate = 1e-3;  // step 1's --learning_rate default
+  accept_description(o);
+  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
+  c.data = read_step_data(o, data);
+  read_common(o, c.common);
+  read_model(o, "", c.model);
+  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
+  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
+  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  c.eot_token = o.get<std::string>("eot_token", c.eot_token);
+  c.print_loss = o.get<bool>("print_loss", c.print_loss);
+  c.output_dir = o.get<std::string>("output_dir", c.output_dir);
+  o.finish();
+  return c;
+}
+
+RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& where, const DataConfig& data) {
+  JsonObject o(object_or_empty(json), where);
+  RewardConfig c;
+  c.model.learning_rate = 5e-5;  // step 2's --learning_rate default
+  accept_description(o);
+  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
+  c.data = read_step_data(o, data);
+  read_common(o, c.common);
+  read_model(o, "", c.model);
+  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
+  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
+  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  if (o.has("num_padding_at_beginning")) {
+    c.num_padding_at_beginning = read_min(o, "num_padding_at_beginning", 0, 0);
+  } else {
+    o.accept({"num_padding_at_beginning"});  // still a known key for typo suggestions
+  }
+  c.eval_interval = read_min(o, "eval_interval", c.eval_interval, 0);
+  c.eval_iters = read_min(o, "eval_iters", c.eval_iters, 1);
+  c.output_dir = o.get<std::string>("output_dir", c.output_dir);
+  o.finish();
+  return c;
+}
+
+PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data) {
+  JsonObject o(object_or_empty(json), where);
+  PpoConfig c;
+  c.actor.learning_rate = 9.65e-6;  // step 3's --actor_learning_rate default
+  c.critic.learning_rate = 5e-6;    // --critic_learning_rate
+  c.common.num_warmup_steps = 100;  // step 3's --num_warmup_steps default
+  accept_description(o);
+  c.actor_model_name_or_path = o.get<std::string>("actor_model_name_or_path", c.actor_model_name_or_path);
+  c.critic_model_name_or_path = o.get<std::string>("critic_model_name_or_path", c.critic_model_name_or_path);
+  c.data = read_step_data(o, data);
+  read_common(o, c.common);
+  read_model(o, "actor_", c.actor);
+  read_model(o, "critic_", c.critic);
+  c.num_padding_at_beginning = read_min(o, "num_padding_at_beginning", c.num_padding_at_beginning, 0);
+  c.per_device_generation_batch_size =
+      read_min(o, "per_device_generation_batch_size", c.per_device_generation_batch_size, 1);
+  c.per_device_training_batch_size = read_min(o, "per_device_training_batch_size", c.per_device_training_batch_size, 1);
+  c.generation_batches = read_min(o, "generation_batches", c.generation_batches, 1);
+  c.ppo_epochs = read_min(o, "ppo_epochs", c.ppo_epochs, 1);
+  c.max_prompt_seq_len = read_min(o, "max_prompt_seq_len", c.max_prompt_seq_len, 1);
+  c.max_answer_seq_len = read_min(o, "max_answer_seq_len", c.max_answer_seq_len, 1);
+  c.enable_hybrid_engine = o.get<bool>("enable_hybrid_engine", c.enable_hybrid_engine);
+  c.unpin_actor_parameters = o.get<bool>("unpin_actor_parameters", c.unpin_actor_parameters);
+  c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
+  c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
+  c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
+  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
+  c.offload_reward_model = o.get<bool>("offload_reward_model", c.offload_reward_model);
+  c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
+  c.enable_mixed_precision_lora = o.get<bool>("enable_mixed_precision_lora", c.enable_mixed_precision_lora);
+  c.align_overflow = o.get<bool>("align_overflow", c.align_overflow);
+  c.print_answers = o.get<bool>("print_answers", c.print_answers);
+  c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
+  c.enable_test_mode = o.get<bool>("enable_test_mode", c.enable_test_mode);
+  c.test_stop_step = read_min(o, "test_stop_step", c.test_stop_step, 0);
+  // Ours; 0 would keep empty answers, which have no reward slot after the prompt.
+  c.min_answer_tokens = read_min(o, "min_answer_tokens", c.min_answer_tokens, 1);
+  c.min_answer_tokens = read_min(o, "min_answer_tokens", c.min_answer_tokens, 1);
+  c.output_dir = o.get<std::string>("output_dir", c.output_dir);
+  if (auto k = o.object("ppo_constants")) {
+    PpoConstants& p = c.constants;
+    p.kl_ctl = read_nonnegative(*k, "kl_ctl", p.kl_ctl);
+    p.clip_reward_value = read_positive(*k, "clip_reward_value", p.clip_reward_value);
+    p.cliprange = read_positive(*k, "cliprange", p.cliprange);
+    p.cliprange_value = read_positive(*k, "cliprange_value", p.cliprange_value);
+    p.gamma = read_unit(*k, "gamma", p.gamma);
+    p.lam = read_unit(*k, "lam", p.lam);
+    k->finish();
+  }
+  if (auto s = o.object("experience_sampling")) {
+    ExperienceSampling& e = c.sampling;
+    e.do_sample = s->get<bool>("do_sample", e.do_sample);
+    e.temperature = read_positive(*s, "temperature", e.temperature);
+    e.top_k = read_min(*s, "top_k", e.top_k, 0);
+    e.top_p = s->get<double>("top_p", e.top_p);
+    DSCHAT_CHECK(e.top_p > 0 && e.top_p <= 1, ConfigError, s->at("top_p"), " must be in (0, 1], got ", e.top_p);
+    s->finish();
+  }
+  o.finish();
+
+  // DS-Chat's step-3 argument checks (main.py), after finish() so a misspelt key is reported as
+  // such rather than as a rule its intended value would have satisfied.
+  DSCHAT_CHECK(c.inference_tp_size == 1 || c.actor.zero_stage == 3, ConfigError, where,
+               ": inference_tp_size ", c.inference_tp_size, " > 1 requires actor_zero_stage 3 (got ",
+               c.actor.zero_stage, "): the hybrid engine regathers ZeRO-3 partitions into tensor-parallel shards");
+  DSCHAT_CHECK(!(c.actor.zero_stage == 2 && c.critic.zero_stage == 2 && c.enable_hybrid_engine && c.common.offload &&
+                 c.actor.lora_dim == 0),
+               ConfigError, where,
+               ": actor_zero_stage 2 + critic_zero_stage 2 + enable_hybrid_engine + offload with actor_lora_dim 0 "
+               "is refused as in DeepSpeed-Chat (unstable in DeepSpeed-Chat); enable LoRA, change a ZeRO stage, "
+               "or turn off offload or the hybrid engine");
+  DSCHAT_CHECK(!c.enable_mixed_precision_lora, Unsupported, where,
+               ": enable_mixed_precision_lora (ZeRO++ quantised non-trainable weights) is not supported by dschat");
+  return c;
+}
+
+}  // namespace rlhf
+}  // namespace dschat

@@ -1,0 +1,56 @@
+#include "rlhf/step_runner.h"
+
+#include <fstream>
+
+#include "core/json_object.h"
+#include "core/log.h"
+#include "io/atomic_file.h"
+#include "rlhf/step_setup.h"
+
+namespace dschat {
+namespace rlhf {
+namespace fs = std::filesystem;
+
+fs::path summary_file(const fs::path& output_dir) { return output_dir / "training_summary.json"; }
+
+std::optional<nlohmann::json> finished_step_summary(const fs::path& output_dir) {
+  const fs::path file = summary_file(output_dir);
+  if (!fs::exists(file)) return std::nullopt;
+  return core::read_json_file(file.string());
+}
+
+StepRunner::StepRunner(std::string name, const fs::path& output_dir, const CommonStepConfig& common,
+                       const StepContext& context)
+    : name_(std::move(name)), common_(common), context_(context) {
+  DSCHAT_CHECK(!output_dir.empty(), ConfigError, name_, ": key 'output_dir' is empty; the step needs somewhere to "
+               "save its model and checkpoints");
+  fs::path dir = output_dir.lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "out/actor/" -> "out/actor"
+  checkpoint_dir_ = dir.parent_path() / (dir.filename().string() + "_checkpoints");
+  log_dir_ = dir.parent_path() / (dir.filename().string() + "_logs");
+}
+
+bool StepRunner::can_resume(const std::string& part) const {
+  return fs::exists((part.empty() ? checkpoint_dir_ : checkpoint_dir_ / part) / "latest");
+}
+
+void StepRunner::after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save) {
+  if (context_.stopping()) {
+    core::log_warn(name_, ": stop requested; saving a checkpoint at optimizer step ", optimizer_steps);
+    save();
+    throw Interrupted(name_ + ": stopped after optimizer step " + std::to_string(optimizer_steps) +
+                      "; the run resumes from " + checkpoint_dir_.string());
+  }
+  if (common_.checkpoint_interval > 0 && optimizer_steps % common_.checkpoint_interval == 0) save();
+  if (context_.crash_after_steps > 0 && optimizer_steps >= context_.crash_after_steps) {
+    throw Interrupted(name_ + ": test crash after optimizer step " + std::to_string(optimizer_steps));
+  }
+}
+
+void StepRunner::finish() {
+  if (context_rank(context_) == 0) io::remove_directory_tree(checkpoint_dir_);
+  if (context_.communicator) context_.communicator->barrier();
+}
+
+}  // namespace rlhf
+}  // namespace dschat

@@ -1,0 +1,178 @@
+// `dschat train` end to end on a tiny random model (the demo's shape) and a small slice of the demo
+// data: the output layout, every step's model loading back, the metrics, a two-rank ZeRO-2 run,
+// a SIGKILL in step 3 followed by a resume that skips the finished steps, and Ctrl-C saving a
+// checkpoint. Each run takes seconds.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/json_object.h"
+#include "dschat/inference/model_loader.h"
+#include "dschat/io/state_dict.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string cli() { return DSCHAT_CLI_PATH; }
+
+// Demo-format data small enough for seconds: 24 SFT records, 48 pairs, 48 prompts (2,4,4 split).
+fs::path make_data(const fs::path& dir) {
+  std::string out;
+  EXPECT_EQ(testing::run_command(cli() + " make-demo-data --out " + (dir / "data").string() +
+                                     " --seed 7 --train 120 --eval 24",
+                                 &out),
+            0)
+      << out;
+  return dir / "data";
+}
+
+// The demo preset with one epoch per step, small batches and a checkpoint after every PPO step.
+fs::path write_config(const fs::path& dir, const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json config = {
+      {"preset", "demo"},
+      {"description", "train_pipeline_test"},
+      {"demo_report", false},
+      {"output_dir", (dir / "out").string()},
+      {"data", {{"local_jsonfile_dir", make_data(dir).string()}, {"data_split", "2,4,4"}}},
+      {"step1", {{"num_train_epochs", 1}, {"per_device_train_batch_size", 8}, {"per_device_eval_batch_size", 8}}},
+      {"step2", {{"num_train_epochs", 1}, {"per_device_train_batch_size", 8}, {"per_device_eval_batch_size", 8}}},
+      {"step3",
+       {{"per_device_generation_batch_size", 8},
+        {"per_device_training_batch_size", 8},
+        {"checkpoint_interval", 1},
+        {"num_warmup_steps", 0}}}};
+  config.merge_patch(extra);
+  const fs::path file = dir / "config.json";
+  std::ofstream(file) << config.dump(2);
+  return file;
+}
+
+nlohmann::json summary(const fs::path& dir) { return core::read_json_file((dir / "training_summary.json").string()); }
+
+void expect_model_dir(const fs::path& dir) {
+  EXPECT_TRUE(fs::exists(dir / "config.json")) << dir;
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors")) << dir;
+  EXPECT_TRUE(fs::exists(dir / "vocab.json")) << dir;
+  EXPECT_TRUE(fs::exists(dir / "merges.txt")) << dir;
+}
+
+void expect_full_layout(const fs::path& out) {
+  for (const char* dir : {"actor", "reward", "step3/actor", "step3/critic", "step3/actor_ema"}) {
+    expect_model_dir(out / dir);
+  }
+  for (const char* dir : {"actor", "reward", "step3"}) {
+    EXPECT_TRUE(fs::exists(out / dir / "training_summary.json")) << dir;
+    EXPECT_FALSE(fs::exists(out / (std::string(dir) + "_checkpoints"))) << "checkpoints of a finished step remain";
+    EXPECT_TRUE(fs::exists(out / (std::string(dir) + "_logs") / "metrics.jsonl")) << dir;
+  }
+  // Every step's model loads back through the public loaders.
+  auto actor = inference::load_causal_lm((out / "step3/actor").string());
+  auto sft = inference::load_causal_lm((out / "actor").string());
+  auto ema = inference::load_causal_lm((out / "step3/actor_ema").string());
+  auto critic = inference::load_value_model((out / "step3/critic").string());
+  auto reward = inference::load_value_model((out / "reward").string());
+  // DeepSpeed-Chat's reward layout, LoRA fused away.
+  const io::TensorMap reward_tensors = io::load_state_dict(out / "reward");
+  EXPECT_TRUE(reward_tensors.count("v_head.weight"));
+  for (const auto& [name, t] : io::load_state_dict(out / "step3/actor")) {
+    EXPECT_EQ(name.find("lora"), std::string::npos) << name;
+  }
+  // PPO changed the actor; the EMA lags behind it.
+  const io::TensorMap a = io::load_state_dict(out / "step3/actor"), s = io::load_state_dict(out / "actor"),
+                      e = io::load_state_dict(out / "step3/actor_ema");
+  const std::string key = "model.decoder.layers.0.fc1.weight";
+  EXPECT_GT(testing::max_abs_diff(a.at(key), s.at(key)), 0.0);
+  EXPECT_LT(testing::max_abs_diff(e.at(key), s.at(key)), testing::max_abs_diff(a.at(key), s.at(key)));
+}
+
+TEST(TrainPipeline, TinyRunWritesTheLayoutAndEveryStepLoads) {
+  testing::TempDir tmp;
+  const fs::path config = write_config(tmp.path());
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
+  for (const char* banner : {"---=== Running Step 1 ===---", "---=== Finished Step 3 in", "Finished Steps [1, 2, 3]",
+                             "ppl: ", "acc (higher is better)", "Average reward score:", "saved "}) {
+    EXPECT_NE(out.find(banner), std::string::npos) << banner << "\n" << out;
+  }
+  expect_full_layout(tmp / "out");
+  EXPECT_LT(summary(tmp / "out/actor").at("eval_loss_after").get<double>(),
+            summary(tmp / "out/actor").at("eval_loss_before").get<double>());
+  EXPECT_EQ(summary(tmp / "out/step3").at("steps").get<int64_t>(), 6);  // 48 prompts / 8
+  // A second run finds every step finished and redoes nothing.
+  ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
+  for (int step = 1; step <= 3; ++step) {
+    EXPECT_NE(out.find("Step " + std::to_string(step) + " already finished"), std::string::npos) << out;
+  }
+}
+
+TEST(TrainPipelineMultiproc, TwoRanksZeroTwo) {
+  testing::TempDir tmp;
+  const nlohmann::json zero2 = {{"step1", {{"zero_stage", 2}}},
+                                {"step2", {{"zero_stage", 2}}},
+                                {"step3", {{"actor_zero_stage", 2}, {"critic_zero_stage", 2}}}};
+  const fs::path config = write_config(tmp.path(), zero2);
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + " launch --nproc-per-node 2 -- " + cli() + " train --config " +
+                                     config.string() + " --no-progress",
+                                 &out),
+            0)
+      << out;
+  expect_full_layout(tmp / "out");
+  EXPECT_EQ(summary(tmp / "out/step3").at("steps").get<int64_t>(), 3);  // 48 prompts / (8 x 2 ranks)
+}
+
+// Kills the run with SIGKILL once step 3 has written a checkpoint, then reruns it.
+TEST(TrainPipeline, ResumesAfterAKillInStepThree) {
+  testing::TempDir tmp;
+  const fs::path config = write_config(tmp.path());
+  const fs::path latest = tmp / "out/step3_checkpoints/actor/latest";
+  const std::string run = cli() + " train --config " + config.string() + " --no-progress";
+  std::string out;
+  const int killed = testing::run_command(
+      "bash -c '" + run + " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; for i in $(seq 600); do [ -e " +
+          latest.string() + " ] && break; sleep 0.1; done; sleep 0.5; kill -9 $pid; wait $pid'",
+      &out);
+  ASSERT_NE(killed, 0) << "the run finished before it could be killed\n" << out;
+  ASSERT_TRUE(fs::exists(latest));
+  ASSERT_FALSE(fs::exists(tmp / "out/step3/training_summary.json"));
+
+  ASSERT_EQ(testing::run_command(run, &out), 0) << out;
+  EXPECT_NE(out.find("Step 1 already finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("Step 2 already finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+  expect_full_layout(tmp / "out");
+  const nlohmann::json s = summary(tmp / "out/step3");
+  EXPECT_EQ(s.at("steps").get<int64_t>(), 6);
+  EXPECT_EQ(s.at("step_rewards").size(), 6u);  // the steps before the kill are kept
+}
+
+TEST(TrainPipeline, CtrlCSavesACheckpointAndExitsWith130) {
+  testing::TempDir tmp;
+  const fs::path config = write_config(tmp.path(), {{"step1", {{"num_train_epochs", 40}}}});
+  const std::string run = cli() + " sft --config " + config.string() + " --no-progress";
+  std::string out;
+  const int status = testing::run_command(
+      "bash -c '" + run + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; for i in $(seq 600); do grep -q " +
+          "\"Beginning of Epoch 2\" " + (tmp / "log").string() + " && break; sleep 0.1; done; kill -INT $pid; " +
+          "wait $pid; echo status=$?'",
+      &out);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("status=130"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(tmp / "out/actor_checkpoints/latest"));
+  EXPECT_FALSE(fs::exists(tmp / "out/actor/training_summary.json"));
+}
+
+TEST(TrainPipeline, ConfigErrorsNameTheKey) {
+  testing::TempDir tmp;
+  const fs::path config = write_config(tmp.path(), {{"step3", {{"actor_learning_rat", 1e-3}}}});
+  std::string out;
+  EXPECT_EQ(testing::run_command(cli() + " train --config " + config.string(), &out), 1);
+  EXPECT_NE(out.find("actor_learning_rat"), std::string::npos) << out;
+  EXPECT_NE(out.find("actor_learning_rate"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace dschat

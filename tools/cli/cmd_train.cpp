@@ -1,0 +1,144 @@
+// `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo
+// --config F` (one step from a config file in the `dschat train` format), `dschat eval-rm`.
+// Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
+#include <iostream>
+
+#include "commands.h"
+#include "dschat/core/error.h"
+#include "dschat/rlhf/demo_report.h"
+#include "dschat/rlhf/pipeline.h"
+#include "dschat/rlhf/ppo_trainer.h"
+#include "dschat/rlhf/reward_trainer.h"
+#include "dschat/rlhf/sft_trainer.h"
+#include "dschat/rlhf/train_command.h"
+
+namespace dschat {
+namespace cli {
+namespace {
+
+struct TrainFlags {
+  rlhf::TrainArguments args;
+  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer;
+  bool no_progress = false;
+  int64_t crash_after_steps = 0;  // hidden test hook
+  rlhf::TrainArguments resolved() const {
+    rlhf::TrainArguments out = args;
+    auto set = [](std::optional<std::string>& slot, const std::string& value) {
+      if (!value.empty()) slot = value;
+    };
+    set(out.actor, actor);
+    set(out.reward, reward);
+    set(out.deployment, deployment);
+    set(out.config_file, config_file);
+    set(out.output_dir, output_dir);
+    set(out.init, init);
+    set(out.tokenizer, tokenizer);
+    return out;
+  }
+};
+
+rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
+  rlhf::StepContext context;
+  context.communicator = rlhf::communicator_from_environment();
+  context.random_init = config.init == "random";
+  context.tokenizer_dir = config.tokenizer;
+  context.stop_requested = rlhf::install_stop_signal_handler();
+  context.progress = !flags.no_progress;
+  context.crash_after_steps = flags.crash_after_steps;
+  return context;
+}
+
+bool is_rank0(const rlhf::StepContext& context) {
+  return !context.communicator || context.communicator->rank() == 0;
+}
+
+void run_train(const TrainFlags& flags) {
+  const rlhf::TrainPlan plan = rlhf::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
+  rlhf::StepContext context = make_context(flags, plan.config);
+  const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
+  if (plan.demo && is_rank0(context)) {
+    std::cout << rlhf::format_demo_report(rlhf::evaluate_demo(plan.config, result, plan.demo_eval_file))
+              << std::flush;
+  }
+}
+
+void add_common_flags(CLI::App& cmd, TrainFlags& f) {
+  cmd.add_option("--config", f.config_file, "JSON config in the `dschat train` format (docs/config.md)");
+  cmd.add_option("--output-dir", f.output_dir, "Where the models, checkpoints and logs go");
+  cmd.add_option("--init", f.init, "'random': base models with random weights (real shapes, no download)");
+  cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
+  cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
+  cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
+  cmd.add_option("--crash-after-steps", f.crash_after_steps)->group("");  // tests: die as a kill would
+}
+
+// `dschat sft|rm|ppo`: the pipeline with only that step.
+void add_step_command(CLI::App& app, const std::string& name, int step, const std::string& help) {
+  auto f = std::make_shared<TrainFlags>();
+  auto* cmd = app.add_subcommand(name, help);
+  add_common_flags(*cmd, *f);
+  cmd->add_option("--actor", f->actor, "Actor model (step 1's input; step 3 uses <out>/actor unless set)");
+  cmd->add_option("--reward", f->reward, "Reward model (step 2's input)");
+  cmd->add_option("--deployment", f->deployment, "single_gpu | single_node | multi_node (selects the preset)");
+  cmd->callback([f, step] {
+    TrainFlags flags = *f;
+    flags.args.steps = {step};
+    if (flags.config_file.empty() && flags.actor.empty() && flags.reward.empty() && flags.deployment.empty()) {
+      throw core::InvalidArgument("dschat step commands need --config F, or --actor/--reward/--deployment to pick a "
+                                  "preset (`dschat train` with no arguments runs the demo)");
+    }
+    run_train(flags);
+  });
+}
+
+struct EvalRmFlags {
+  std::string model, tokenizer;
+  rlhf::DataConfig data;
+  int64_t max_seq_len = 512, batch_size = 16;
+  std::optional<int64_t> num_padding_at_beginning;
+};
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  auto* cmd = app.add_subcommand(
+      "train", "SFT, reward model and PPO in sequence (no arguments: the embedded CPU demo, a few minutes)");
+  add_common_flags(*cmd, *f);
+  cmd->add_option("--actor", f->actor, "Actor model: directory, cached HF id or short name (opt-1.3b)");
+  cmd->add_option("--reward", f->reward, "Reward model (opt-350m)");
+  cmd->add_option("--deployment", f->deployment, "single_gpu | single_node | multi_node")
+      ->check(CLI::IsMember({"single_gpu", "single_node", "multi_node"}));
+  cmd->add_option("--step", f->args.steps, "Steps to run, in order (default 1 2 3)")->check(CLI::Range(1, 3));
+  cmd->callback([f] { run_train(*f); });
+  add_step_command(app, "sft", 1, "Step 1 only: supervised fine-tuning of the actor");
+  add_step_command(app, "rm", 2, "Step 2 only: reward model");
+  add_step_command(app, "ppo", 3, "Step 3 only: PPO (actor, reference, critic, reward)");
+
+  auto e = std::make_shared<EvalRmFlags>();
+  auto* eval = app.add_subcommand("eval-rm", "Reward-model accuracy and mean scores on a dataset's phase-2 eval split");
+  eval->add_option("--model", e->model, "Reward model directory (rwtransformer.* + v_head.weight)")->required();
+  eval->add_option("--data-path", e->data.data_path, "Datasets (default Dahoas/rm-static)");
+  eval->add_option("--data-split", e->data.data_split, "DeepSpeed-Chat's phase split")->capture_default_str();
+  eval->add_option("--local-jsonfile-dir", e->data.local_jsonfile_dir, "What local/jsonfile reads");
+  eval->add_option("--tokenizer", e->tokenizer, "Tokenizer directory (default: the model's)");
+  eval->add_option("--max-seq-len", e->max_seq_len, "Tokens per answer")->capture_default_str();
+  eval->add_option("--batch-size", e->batch_size, "Pairs per batch")->capture_default_str();
+  eval->add_option("--num-padding-at-beginning", e->num_padding_at_beginning,
+                   "DS-Chat's value (default: derived from the tokenizer)");
+  eval->callback([e] {
+    rlhf::StepContext context;
+    context.communicator = rlhf::communicator_from_environment();
+    context.tokenizer_dir = e->tokenizer;
+    const rlhf::RewardEvaluation r = rlhf::evaluate_reward_model_on_data(
+        e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context);
+    if (is_rank0(context)) {
+      std::cout << "pairs: " << r.pairs << ", chosen_last_scores (higher is better) : " << r.chosen_score
+                << ", rejected_last_scores (lower is better) : " << r.rejected_score
+                << ", acc (higher is better) : " << r.accuracy << "\n";
+    }
+  });
+}
+
+}  // namespace cli
+}  // namespace dschat
