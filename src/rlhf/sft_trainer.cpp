@@ -32,7 +32,10 @@ double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, co
   data::DistributedSampler sampler(eval.size(), context_world(context), context_rank(context), /*shuffle=*/false);
   data::EpochBatches<data::SftBatch> batches(sampler, 0, config.per_device_eval_batch_size, false,
                                              [&](const std::vector<int64_t>& items) {
-                                               return data::collate_sft(eval, items, {pad, std::nullopt});
+                                               return data::collate_sft(eval, items, {pad, std::nullopt},
+                                                                        config.answer_only_loss
+                                                                            ? data::SftLossTokens::kAnswerOnly
+                                                                            : data::SftLossTokens::kPromptAndAnswer);
                                              });
   double sum = 0.0;
   int64_t count = 0;
@@ -121,12 +124,14 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
   }
   result.eval_ppl_before = perplexity(static_cast<float>(result.eval_loss_before));
 
+  const data::SftLossTokens loss_tokens =
+      config.answer_only_loss ? data::SftLossTokens::kAnswerOnly : data::SftLossTokens::kPromptAndAnswer;
   Progress progress("SFT", total_steps, config.common.print_interval, !context.progress);
   for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
     core::log_info("Beginning of Epoch ", epoch + 1, "/", config.common.num_train_epochs,
                    ", Total Micro Batches ", batches_per_epoch);
     data::EpochBatches<data::SftBatch> batches(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_sft(phase.train, items, {pad, std::nullopt});
+      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens);
     });
     int64_t batch_index = 0;
     double window_loss = 0.0;

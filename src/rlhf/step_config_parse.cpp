@@ -150,6 +150,7 @@ SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where,
   c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
   c.eot_token = o.get<std::string>("eot_token", c.eot_token);
   c.print_loss = o.get<bool>("print_loss", c.print_loss);
+  c.answer_only_loss = o.get<bool>("answer_only_loss", c.answer_only_loss);
   c.output_dir = o.get<std::string>("output_dir", c.output_dir);
   o.finish();
   return c;

@@ -84,6 +84,8 @@ struct SftConfig {
   int64_t max_seq_len = 512;
   std::string eot_token = "<|endoftext|>";
   bool print_loss = false;
+  /// Ours: the loss counts only the answer tokens (DS-Chat counts prompt and answer).
+  bool answer_only_loss = false;
   std::string output_dir;  // "" : nothing saved
 };
 
