@@ -104,11 +104,7 @@ PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
   RlhfModels models = build_rlhf_models(config, total_iters, actor_gas, context);
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
 
-  MetricsLogOptions metrics_options;
-  metrics_options.tensorboard = config.common.enable_tensorboard;
-  metrics_options.tensorboard_dir = config.common.tensorboard_path;
-  metrics_options.rank0 = rank == 0;
-  MetricsLog metrics(runner.log_dir(), metrics_options);
+  MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   const fs::path ckpt = runner.checkpoint_dir();
 
   PpoResult result;

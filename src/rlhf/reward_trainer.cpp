@@ -123,17 +123,11 @@ RewardResult run_reward(const RewardConfig& config, const StepContext& context) 
   const int64_t micro = config.per_device_train_batch_size;
   const int64_t gas = config.common.gradient_accumulation_steps;
   const int64_t batches_per_epoch = (sampler.num_samples() + micro - 1) / micro;
-  const int64_t total_steps = config.common.num_train_epochs * ((batches_per_epoch + gas - 1) / gas);
-  engine::TrainingEngine engine(
-      model.ptr(), training_engine_options(config.common, config.model,
-                                           train_ds_config(config.common, config.model.zero_stage, micro, gas, world,
-                                                           where),
-                                           total_steps, context));
-  MetricsLogOptions metrics_options;
-  metrics_options.tensorboard = config.common.enable_tensorboard;
-  metrics_options.tensorboard_dir = config.common.tensorboard_path;
-  metrics_options.rank0 = rank == 0;
-  MetricsLog metrics(runner.log_dir(), metrics_options);
+  const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
+  std::unique_ptr<engine::TrainingEngine> engine_owner =
+      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
+  engine::TrainingEngine& engine = *engine_owner;
+  MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   auto evaluate = [&](int64_t step) {
     RewardEvaluation e = evaluate_reward_model(model, phase.eval, config.per_device_eval_batch_size,
                                                config.eval_iters, pad, npb, context);
@@ -217,6 +211,7 @@ RewardResult run_reward(const RewardConfig& config, const StepContext& context) 
     }
   }
   progress.finish();
+  if (start_epoch >= config.common.num_train_epochs) result.after = evaluate(engine.global_steps());  // resumed at the end
   result.optimizer_steps = engine.global_steps();
   result.seconds = seconds_since(start);
   save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);

@@ -72,13 +72,9 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   torch::manual_seed(config.common.seed + 3);
   apply_lora(*models.critic, config.critic, config.common.only_optimize_lora, {"v_head.weight"});
   models.critic->train();
-  models.critic_engine = std::make_unique<engine::TrainingEngine>(
-      models.critic.ptr(),
-      training_engine_options(config.common, config.critic,
-                              train_ds_config(config.common, config.critic.zero_stage,
-                                              config.per_device_training_batch_size,
-                                              config.common.gradient_accumulation_steps, world, where + ": critic"),
-                              total_iters, context));
+  models.critic_engine = make_training_engine(models.critic.ptr(), config.common, config.critic,
+                                              config.per_device_training_batch_size, total_iters, context,
+                                              where + ": critic");
 
   torch::manual_seed(config.common.seed + 2);
   models.reward = inference::load_value_model(config.critic_model_name_or_path, load);

@@ -84,6 +84,29 @@ engine::TrainingEngineOptions training_engine_options(const CommonStepConfig& co
   return options;
 }
 
+std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<torch::nn::Module> module,
+                                                             const CommonStepConfig& common,
+                                                             const ModelTrainingConfig& model, int64_t micro_batch,
+                                                             int64_t total_optimizer_steps, const StepContext& context,
+                                                             const std::string& where) {
+  engine::DeepSpeedConfig ds = train_ds_config(common, model.zero_stage, micro_batch, common.gradient_accumulation_steps,
+                                               context_world(context), where);
+  return std::make_unique<engine::TrainingEngine>(
+      std::move(module), training_engine_options(common, model, std::move(ds), total_optimizer_steps, context));
+}
+
+int64_t optimizer_steps_for(int64_t epochs, int64_t batches_per_epoch, int64_t gas) {
+  return epochs * ((batches_per_epoch + gas - 1) / gas);
+}
+
+MetricsLogOptions metrics_log_options(const CommonStepConfig& common, const StepContext& context) {
+  MetricsLogOptions options;
+  options.tensorboard = common.enable_tensorboard;
+  options.tensorboard_dir = common.tensorboard_path;
+  options.rank0 = context_rank(context) == 0;
+  return options;
+}
+
 void apply_lora(torch::nn::Module& module, const ModelTrainingConfig& model, bool only_optimize_lora,
                 const std::vector<std::string>& force) {
   if (model.lora_dim <= 0) return;

@@ -15,6 +15,7 @@
 #include "dschat/data/prompt_dataset.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/rlhf/metrics_log.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "dschat/rlhf/step_context.h"
 #include "dschat/tokenizer/tokenizer.h"
@@ -41,6 +42,20 @@ engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero
 engine::TrainingEngineOptions training_engine_options(const CommonStepConfig& common, const ModelTrainingConfig& model,
                                                       engine::DeepSpeedConfig config, int64_t total_optimizer_steps,
                                                       const StepContext& context);
+
+/// A step's TrainingEngine over `module` (collective): train_ds_config for `micro_batch` and
+/// common.gradient_accumulation_steps, training_engine_options over `total_optimizer_steps`.
+std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<torch::nn::Module> module,
+                                                             const CommonStepConfig& common,
+                                                             const ModelTrainingConfig& model, int64_t micro_batch,
+                                                             int64_t total_optimizer_steps, const StepContext& context,
+                                                             const std::string& where);
+
+/// Optimizer steps of `epochs` epochs of `batches_per_epoch` micro-batches, one step per `gas`.
+int64_t optimizer_steps_for(int64_t epochs, int64_t batches_per_epoch, int64_t gas);
+
+/// The options of a step's metrics log: TensorBoard as configured, only rank 0 writes.
+MetricsLogOptions metrics_log_options(const CommonStepConfig& common, const StepContext& context);
 
 /// LoRA adapters on the Linear layers whose name contains model.lora_module_name (when
 /// lora_dim > 0); with only_optimize_lora every other parameter except `force` is frozen.
