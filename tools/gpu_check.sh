@@ -3,7 +3,8 @@
 # (tools/gpu_deps.sh). Builds dschat with CUDA against that machine's torch (2.11+cu130), runs the
 # `cuda` tests (kernels vs their ATen references, the CUDA-graph decode vs eager) and the CPU
 # generation benchmark, and writes everything under $OUT (or ./out):
-#   torch.txt, build.log, cuda_tests.xml, cuda_tests.log, generate_bench_cpu.{json,log}, nvidia-smi.txt
+#   torch.txt, build.log, cuda_tests.xml, cuda_tests.log, generate_bench_cpu.{json,log},
+#   step3_bench_cpu.{json,log}, nvidia-smi.txt
 # Exit status: non-zero when the build or a CUDA test failed (the logs say which).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +30,7 @@ status=0
 {
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSCHAT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DDSCHAT_PYTHON="$python" -DDSCHAT_BUILD_BENCHMARKS=ON &&
-  cmake --build build-gpu -j "$(nproc)" --target dschat dschat_cli dschat_cuda_tests dschat_generate_bench
+  cmake --build build-gpu -j "$(nproc)" --target dschat dschat_cli dschat_cuda_tests dschat_generate_bench dschat_step3_bench
 } > "$out/build.log" 2>&1 || { echo "gpu_check: build failed (build.log)"; tail -40 "$out/build.log"; exit 1; }
 
 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml" > "$out/cuda_tests.log" 2>&1 || status=1
@@ -43,5 +44,12 @@ if [ -x build-gpu/benchmarks/dschat_generate_bench ]; then
   timeout 600 build-gpu/benchmarks/dschat_generate_bench --threads "$(nproc)" --rounds 2 \
     --out "$out/generate_bench_cpu.json" > "$out/generate_bench_cpu.log" 2>&1 ||
     echo "gpu_check: CPU generate benchmark failed (generate_bench_cpu.log)"
+fi
+# The step-3 harness (issue 7 section 2) on this machine's CPU cores: dschat vs transformers + PyTorch on
+# the same iteration. Its --device cuda path is not written yet (the trainers load models on the CPU).
+if [ -x build-gpu/benchmarks/dschat_step3_bench ]; then
+  timeout 600 build-gpu/benchmarks/dschat_step3_bench --threads "$(nproc)" --rounds 1 \
+    --out "$out/step3_bench_cpu.json" > "$out/step3_bench_cpu.log" 2>&1 ||
+    echo "gpu_check: CPU step-3 benchmark failed (step3_bench_cpu.log)"
 fi
 exit $status
