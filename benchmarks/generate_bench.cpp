@@ -24,12 +24,16 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench_util.h"
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/inference/model_loader.h"
 
 namespace {
+
+using dschat::bench::median;
+using dschat::bench::run_process;
 
 using nlohmann::json;
 using namespace dschat;
@@ -42,12 +46,6 @@ struct Options {
   std::string peer = DSCHAT_BENCH_PEER;
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 // The prompt rows: the same as torch.randint(3, vocab, (B, T), generator=Generator().manual_seed(seed)).
 torch::Tensor make_prompts(const Options& o, int64_t vocab) {
   torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
@@ -58,24 +56,6 @@ torch::Tensor make_prompts(const Options& o, int64_t vocab) {
 int64_t checksum(const torch::Tensor& ids) {
   torch::Tensor weights = torch::arange(1, ids.numel() + 1, torch::kInt64).view_as(ids);  // [B, T]
   return (ids * weights).sum().item<int64_t>();
-}
-
-int run_process(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  std::cout.flush();
-  const pid_t pid = ::fork();
-  DSCHAT_CHECK(pid >= 0, Error, "fork failed");
-  if (pid == 0) {
-    ::execvp(args[0], args.data());
-    std::perror(args[0]);
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // CPU time of this process, all threads (on a shared machine, less disturbed than wall time).

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench_util.h"
 #include "dschat/core/error.h"
 #include "dschat/inference/model_loader.h"
 #include "dschat/rlhf/pipeline_config.h"
@@ -34,6 +35,9 @@
 #include "rlhf/throughput.h"
 
 namespace {
+
+using dschat::bench::median;
+using dschat::bench::run_process;
 
 using nlohmann::json;
 using namespace dschat;
@@ -47,32 +51,8 @@ struct Options {
   std::string peer = DSCHAT_BENCH_PEER;
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n == 0 ? 0.0 : n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-int run_process(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  std::cout.flush();
-  const pid_t pid = ::fork();
-  DSCHAT_CHECK(pid >= 0, Error, "fork failed");
-  if (pid == 0) {
-    ::execvp(args[0], args.data());
-    std::perror(args[0]);
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // Per iteration: {generate, experience, train} seconds.

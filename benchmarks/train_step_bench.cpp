@@ -40,6 +40,7 @@
 #include <map>
 #include <sstream>
 
+#include "bench_util.h"
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
 #include "dschat/dist/launch_env.h"
@@ -50,6 +51,9 @@
 #include "dschat/models/causal_lm.h"
 
 namespace {
+
+using dschat::bench::median;
+using dschat::bench::run_process;
 
 using nlohmann::json;
 using namespace dschat;
@@ -75,13 +79,6 @@ struct Options {
 };
 
 // ---- helpers ------------------------------------------------------------------------------------
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -260,24 +257,6 @@ int free_port() {
 }
 
 // Runs argv (PATH lookup) with this process's stdout/stderr and returns its exit status.
-int run_process(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  std::cout.flush();
-  const pid_t pid = ::fork();
-  DSCHAT_CHECK(pid >= 0, Error, "fork failed");
-  if (pid == 0) {
-    ::execvp(args[0], args.data());
-    std::perror(args[0]);
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // Starts `world` ranks of this binary with `rank_args`, the way `dschat launch` does.
 void launch_ranks(int64_t world, const std::vector<std::string>& rank_args) {
   dist::LaunchPlan plan;
