@@ -84,7 +84,7 @@ json dschat_round(const Options& o, const fs::path& work) {
     const double experience_total = seconds_since(start);
     DSCHAT_CHECK(exp.has_value() && exp->rows() == o.batch, Error, "the benchmark lost rows to the answer filter");
     start = Clock::now();
-    rlhf::train_rlhf(models, *exp, config.constants, false);
+    rlhf::train_rlhf(models, *exp, config.constants, false, false);
     const double train_seconds = seconds_since(start);
     if (i < o.warmup) continue;
     gen.push_back(exp->generate_seconds);

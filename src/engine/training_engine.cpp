@@ -106,11 +106,13 @@ bool TrainingEngine::step() {
   ++micro_steps_;
   if (!boundary) return false;
 
-  zero_->reduce_at_boundary();
-  const double norm_squared = zero_->gradient_norm_squared();  // of the scaled gradients
+  const double norm_squared = reduced_window_norm_squared();  // of the scaled gradients
+  reduced_norm_squared_.reset();  // the next window reduces afresh
   const bool non_finite = !std::isfinite(norm_squared);
   bool skip = false;
-  if (scaler_.checks_overflow()) {
+  if (skip_next_step_ && !non_finite) {
+    skip = true;  // the other model of an aligned pair overflowed
+  } else if (scaler_.checks_overflow()) {
     skip = scaler_.update(non_finite);  // fp16: overflow lowers the scale and skips the step
   } else if (non_finite) {
     DSCHAT_CHECK(options_.config.on_nonfinite_loss == "skip", Error, "non-finite gradients at global step ",
@@ -119,6 +121,7 @@ bool TrainingEngine::step() {
     core::log_warn("non-finite gradients at global step ", global_steps_, ": step skipped");
     skip = true;
   }
+  skip_next_step_ = false;
   if (skip) {
     last_grad_norm_ = -1.0;
     ++skipped_steps_;
@@ -146,6 +149,19 @@ bool TrainingEngine::step() {
   ++global_steps_;
   log_step(norm);
   return true;
+}
+
+bool TrainingEngine::check_overflow() {
+  if (!is_gradient_accumulation_boundary()) return false;
+  return !std::isfinite(reduced_window_norm_squared());
+}
+
+double TrainingEngine::reduced_window_norm_squared() {
+  if (!reduced_norm_squared_) {
+    zero_->reduce_at_boundary();
+    reduced_norm_squared_ = zero_->gradient_norm_squared();
+  }
+  return *reduced_norm_squared_;
 }
 
 void TrainingEngine::log_step(double grad_norm) const {

@@ -1,13 +1,34 @@
 #include "rlhf/ppo_step.h"
 
+#include "core/log.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/sft_loss.h"
 
 namespace dschat {
 namespace rlhf {
 
+namespace {
+
+// DeepSpeed-Chat's align_overflow: when exactly one of actor and critic overflowed in this
+// window, the other skips too, so the pair never steps out of step with each other.
+void align_overflow_skips(engine::TrainingEngine& actor, engine::TrainingEngine& critic) {
+  const bool actor_overflow = actor.check_overflow();
+  const bool critic_overflow = critic.check_overflow();
+  if (actor_overflow && !critic_overflow) {
+    critic.skip_next_step();
+    core::log_warn("OVERFLOW: actor overflow, skipping both actor and critic steps");
+  } else if (!actor_overflow && critic_overflow) {
+    actor.skip_next_step();
+    core::log_warn("OVERFLOW: critic overflow, skipping both actor and critic steps");
+  } else if (actor_overflow && critic_overflow) {
+    core::log_warn("OVERFLOW: actor and critic overflow, skipping both actor and critic steps");
+  }
+}
+
+}  // namespace
+
 PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoConstants& constants,
-                        bool compute_fp32_loss) {
+                        bool compute_fp32_loss, bool align_overflow) {
   const int64_t start = action_start(exp.prompt_length);
   const torch::Tensor action_mask = exp.attention_mask.slice(1, 1);  // [B, L-1]
   const PpoTargets targets = compute_ppo_targets(start, exp.logprobs, exp.ref_logprobs, exp.reward_score, exp.values,
@@ -29,7 +50,8 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   PpoLoss actor_out = actor_loss(new_logprobs, exp.logprobs.slice(1, start), targets.advantages, answer_mask,
                                  constants);
   models.actor->backward(actor_out.loss);
-  models.actor->step();
+  // Without alignment the actor steps before the critic's forward, as DeepSpeed-Chat does.
+  if (!align_overflow) models.actor->step();
   stats.actor_loss = actor_out.loss.item<double>();
   stats.actor_clip_fraction = actor_out.clip_fraction.item<double>();
 
@@ -38,7 +60,9 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   PpoLoss critic_out = critic_loss(values, targets.old_values.slice(1, start), targets.returns, answer_mask, constants,
                                    compute_fp32_loss);
   models.critic_engine->backward(critic_out.loss);
+  if (align_overflow) align_overflow_skips(models.actor->training_engine(), *models.critic_engine);
   models.critic_engine->step();
+  if (align_overflow) models.actor->step();
   stats.critic_loss = critic_out.loss.item<double>();
   stats.critic_clip_fraction = critic_out.clip_fraction.item<double>();
   return stats;

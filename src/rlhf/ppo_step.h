@@ -19,9 +19,11 @@ struct PpoStepStats {
   double mean_answer_tokens = 0.0;
 };
 
-/// Targets (no grad), then actor forward/backward/step, then critic forward/backward/step.
+/// Targets (no grad), then actor forward/backward/step, then critic forward/backward/step. With
+/// align_overflow both backwards run first and, at a boundary where only one of the two
+/// overflowed, the other skips its step too.
 PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoConstants& constants,
-                        bool compute_fp32_loss);
+                        bool compute_fp32_loss, bool align_overflow);
 
 /// actor LM loss on an unsupervised block batch, backward of unsup_coef * loss, step. Returns the
 /// unscaled loss.

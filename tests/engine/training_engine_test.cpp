@@ -143,6 +143,43 @@ TEST(TrainingEngine, Fp16OverflowSkipsTheStepAndTheSchedule) {
   EXPECT_LT(engine.learning_rates().front(), lr);
 }
 
+TEST(TrainingEngine, CheckOverflowAndSkipNextStepAlignTwoEngines) {
+  // DeepSpeed-Chat's align_overflow on a pair: the actor's fp16 gradients overflow, the critic's do
+  // not; the critic is told to skip, so neither steps. The critic's loss scale and LR are untouched.
+  json ds = {{"train_batch_size", 4}, {"fp16", {{"enabled", true}, {"loss_scale_window", 100}}}};
+  auto actor = tiny_model(), critic = tiny_model();
+  torch::nn::Sequential actor_seq(actor), critic_seq(critic);
+  engine::TrainingEngine actor_engine(actor, options_for(ds, 0, 10));
+  engine::TrainingEngine critic_engine(critic, options_for(ds, 0, 10));
+  auto data = batches(2, 4);
+  auto critic_before = critic->parameters()[0].clone();
+  const double critic_lr = critic_engine.learning_rates().front();
+  actor_engine.backward(mse(actor_seq, data[0]) * std::numeric_limits<float>::infinity());
+  critic_engine.backward(mse(critic_seq, data[0]));
+  EXPECT_TRUE(actor_engine.check_overflow());
+  EXPECT_FALSE(critic_engine.check_overflow());
+  EXPECT_FALSE(critic_engine.check_overflow());  // idempotent: the gradients are reduced once
+  critic_engine.skip_next_step();
+  EXPECT_FALSE(critic_engine.step());
+  EXPECT_FALSE(actor_engine.step());
+  EXPECT_TRUE(torch::equal(critic->parameters()[0], critic_before));
+  EXPECT_EQ(critic_engine.skipped_steps(), 1);
+  EXPECT_EQ(critic_engine.loss_scale(), 65536.0);
+  EXPECT_EQ(critic_engine.learning_rates().front(), critic_lr);
+  EXPECT_FALSE(critic->parameters()[0].grad().defined() && critic->parameters()[0].grad().abs().sum().item<double>() > 0)
+      << "the skipped window's gradients must not leak into the next one";
+  // The skip applies once: the next window steps, with the same result as an engine that never skipped.
+  auto fresh = tiny_model();
+  torch::nn::Sequential fresh_seq(fresh);
+  engine::TrainingEngine fresh_engine(fresh, options_for(ds, 0, 10));
+  critic_engine.backward(mse(critic_seq, data[1]));
+  EXPECT_FALSE(critic_engine.check_overflow());
+  EXPECT_TRUE(critic_engine.step());
+  fresh_engine.backward(mse(fresh_seq, data[1]));
+  EXPECT_TRUE(fresh_engine.step());
+  EXPECT_TRUE(torch::equal(critic->parameters()[0], fresh->parameters()[0]));
+}
+
 TEST(TrainingEngine, Bf16ModelsTrainThroughFp32Masters) {
   auto model = tiny_model(torch::kBFloat16);
   torch::nn::Sequential seq(model);

@@ -84,6 +84,15 @@ class TrainingEngine {
   /// weights changed (false: not a boundary, or the step was skipped for overflow / non-finite
   /// gradients).
   bool step();
+  /// DeepSpeed-Chat's align_overflow, first half. At an accumulation boundary (after the last
+  /// backward of the window, before step()): reduces the gradients (step() then does not reduce
+  /// again) and returns whether they are non-finite, i.e. whether step() will skip. Collective
+  /// like step(). Between boundaries it returns false and does nothing.
+  bool check_overflow();
+  /// align_overflow, second half: the next boundary step() is skipped as an overflow would be (no
+  /// optimizer or LR step, gradients dropped, counted in skipped_steps()) but the loss scale is
+  /// left alone, since this engine's own gradients were finite.
+  void skip_next_step() { skip_next_step_ = true; }
 
   /// Whether the next step() call ends an accumulation window.
   bool is_gradient_accumulation_boundary() const;
@@ -137,6 +146,9 @@ class TrainingEngine {
 
  private:
   void apply_schedule();
+  // Reduces the window's gradients across ranks once (check_overflow() or step(), whichever comes
+  // first) and returns their squared norm, cached until step() ends the window.
+  double reduced_window_norm_squared();
   void log_step(double grad_norm) const;
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -148,6 +160,9 @@ class TrainingEngine {
   int64_t global_steps_ = 0;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
+  // Set by check_overflow(): this window's gradients are reduced and their squared norm is known.
+  std::optional<double> reduced_norm_squared_;
+  bool skip_next_step_ = false;
 };
 
 }  // namespace engine
