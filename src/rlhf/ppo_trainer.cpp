@@ -13,6 +13,7 @@
 #include "dschat/rlhf/metrics_log.h"
 #include "dschat/rlhf/progress.h"
 #include "rlhf/collapse_warnings.h"
+#include "rlhf/memory_hint.h"
 #include "rlhf/ppo_step.h"
 #include "rlhf/step_runner.h"
 #include "rlhf/step_setup.h"
@@ -65,7 +66,9 @@ nlohmann::json PpoResult::to_json() const {
           {"sequences_per_second", sequences_per_second}};
 }
 
-PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
+namespace {
+
+PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, MemoryPhase& memory) {
   const auto start = Clock::now();
   const std::string where = "step 3 (PPO)";
   const int64_t rank = context_rank(context), world = context_world(context);
@@ -158,6 +161,9 @@ PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
       if (batch_index < skip_batches) continue;
       const uint64_t sample_seed = config.common.seed + 1000003ULL * static_cast<uint64_t>(rank) +
                                    static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
+      memory.enter("generating and scoring experience (actor generation; actor, reference, critic and reward "
+                   "forwards)",
+                   MemoryAdvice::kPpoExperience);
       std::optional<Experience> exp = make_experience(
           models, batch->input_ids, batch->attention_mask,
           experience_generation_config(config, eos, pad, sample_seed), pad, config.min_answer_tokens);
@@ -199,9 +205,11 @@ PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
       std::vector<data::SftBatch> unsup_micro = unsup_buffer;
       std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
       StepTotals totals;
+      memory.enter("training the actor and critic", MemoryAdvice::kPpoTrain);
       for (int64_t ppo_epoch = 0; ppo_epoch < config.ppo_epochs; ++ppo_epoch) {
         for (size_t i = 0; i < micro.size(); ++i) {
-          totals.add(train_rlhf(models, micro[i], config.constants, config.common.compute_fp32_loss));
+          totals.add(train_rlhf(models, micro[i], config.constants, config.common.compute_fp32_loss,
+                                    config.align_overflow));
           if (mixture && i < unsup_micro.size()) {
             totals.unsup_loss += train_unsupervised(models, unsup_micro[i], config.data.unsup_coef);
           }
@@ -299,6 +307,15 @@ PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
   if (context.communicator) context.communicator->barrier();
   runner.finish();
   return result;
+}
+
+}  // namespace
+
+PpoResult run_ppo(const PpoConfig& config, const StepContext& context) {
+  MemoryPhase memory{"step 3 (PPO)", "actor " + config.actor_model_name_or_path + ", critic " +
+                                         config.critic_model_name_or_path,
+                     "loading the actor, reference, critic and reward models"};
+  return with_memory_hint(memory, [&] { return run_ppo_phases(config, context, memory); });
 }
 
 }  // namespace rlhf

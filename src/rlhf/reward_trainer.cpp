@@ -9,6 +9,7 @@
 #include "dschat/rlhf/metrics_log.h"
 #include "dschat/rlhf/progress.h"
 #include "dschat/rlhf/reward_loss.h"
+#include "rlhf/memory_hint.h"
 #include "rlhf/step_runner.h"
 #include "rlhf/step_setup.h"
 #include "rlhf/throughput.h"
@@ -93,7 +94,9 @@ RewardEvaluation evaluate_reward_model_on_data(const std::string& model_dir, con
   return result;
 }
 
-RewardResult run_reward(const RewardConfig& config, const StepContext& context) {
+namespace {
+
+RewardResult run_reward_phases(const RewardConfig& config, const StepContext& context, MemoryPhase& memory) {
   const auto start = Clock::now();
   const std::string where = "step 2 (reward model)";
   const int64_t rank = context_rank(context), world = context_world(context);
@@ -129,8 +132,10 @@ RewardResult run_reward(const RewardConfig& config, const StepContext& context) 
   engine::TrainingEngine& engine = *engine_owner;
   MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   auto evaluate = [&](int64_t step) {
+    memory.enter("evaluating accuracy", MemoryAdvice::kEvaluate);
     RewardEvaluation e = evaluate_reward_model(model, phase.eval, config.per_device_eval_batch_size,
                                                config.eval_iters, pad, npb, context);
+    memory.enter("training", MemoryAdvice::kTrain);
     engine.release_gathered_parameters();
     log_evaluation(e);
     metrics.write("rm", step, {{"eval_acc", e.accuracy}, {"eval_chosen", e.chosen_score},
@@ -217,6 +222,13 @@ RewardResult run_reward(const RewardConfig& config, const StepContext& context) 
   save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
   runner.finish();
   return result;
+}
+
+}  // namespace
+
+RewardResult run_reward(const RewardConfig& config, const StepContext& context) {
+  MemoryPhase memory{"step 2 (reward model)", config.model_name_or_path};
+  return with_memory_hint(memory, [&] { return run_reward_phases(config, context, memory); });
 }
 
 }  // namespace rlhf

@@ -10,6 +10,7 @@
 #include "dschat/rlhf/metrics_log.h"
 #include "dschat/rlhf/progress.h"
 #include "dschat/rlhf/sft_loss.h"
+#include "rlhf/memory_hint.h"
 #include "rlhf/step_runner.h"
 #include "rlhf/step_setup.h"
 #include "rlhf/throughput.h"
@@ -57,7 +58,9 @@ nlohmann::json SftResult::to_json() const {
           {"optimizer_steps", optimizer_steps},   {"seconds", seconds}};
 }
 
-SftResult run_sft(const SftConfig& config, const StepContext& context) {
+namespace {
+
+SftResult run_sft_phases(const SftConfig& config, const StepContext& context, MemoryPhase& memory) {
   const auto start = Clock::now();
   const std::string where = "step 1 (SFT)";
   const int64_t rank = context_rank(context), world = context_world(context);
@@ -96,6 +99,13 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
       make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
   engine::TrainingEngine& engine = *engine_owner;
   MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
+  auto evaluate = [&] {
+    memory.enter("evaluating perplexity", MemoryAdvice::kEvaluate);
+    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    memory.enter("training", MemoryAdvice::kTrain);
+    return loss;
+  };
+  memory.enter("training", MemoryAdvice::kTrain);
 
   SftResult result;
   int64_t start_epoch = 0, skip_batches = 0;
@@ -110,7 +120,7 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
   } else {
     core::log_info("***** Running training *****");
     core::log_info("***** Evaluating perplexity, Epoch 0/", config.common.num_train_epochs, " *****");
-    result.eval_loss_before = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    result.eval_loss_before = evaluate();
     core::log_info("ppl: ", perplexity(static_cast<float>(result.eval_loss_before)),
                    ", loss: ", result.eval_loss_before);
     metrics.write("sft", 0, {{"eval_loss", result.eval_loss_before},
@@ -161,7 +171,7 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
     }
     skip_batches = 0;
     core::log_info("***** Evaluating perplexity, Epoch ", epoch + 1, "/", config.common.num_train_epochs, " *****");
-    result.eval_loss_after = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    result.eval_loss_after = evaluate();
     result.eval_ppl_after = perplexity(static_cast<float>(result.eval_loss_after));
     core::log_info("ppl: ", result.eval_ppl_after, ", loss: ", result.eval_loss_after);
     metrics.write("sft", engine.global_steps(), {{"eval_loss", result.eval_loss_after},
@@ -173,7 +183,7 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
   }
   progress.finish();
   if (start_epoch >= config.common.num_train_epochs) {  // resumed after the last epoch's checkpoint
-    result.eval_loss_after = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    result.eval_loss_after = evaluate();
     result.eval_ppl_after = perplexity(static_cast<float>(result.eval_loss_after));
   }
   result.optimizer_steps = engine.global_steps();
@@ -182,6 +192,13 @@ SftResult run_sft(const SftConfig& config, const StepContext& context) {
   save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
   runner.finish();
   return result;
+}
+
+}  // namespace
+
+SftResult run_sft(const SftConfig& config, const StepContext& context) {
+  MemoryPhase memory{"step 1 (SFT)", config.model_name_or_path};
+  return with_memory_hint(memory, [&] { return run_sft_phases(config, context, memory); });
 }
 
 }  // namespace rlhf

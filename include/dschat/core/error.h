@@ -59,6 +59,13 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+/// An allocation failed (CUDA's caching allocator or the CPU allocator). The message names what
+/// was running and what to change.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 /// Streams every argument into one string: str_cat("expected ", 3, ", got ", 4).
