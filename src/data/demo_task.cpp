@@ -42,6 +42,7 @@ struct Item {
 // Salts of the independent random streams derived from one seed.
 constexpr uint64_t kPartitionSalt = 0x7061727469746f6eull;  // which prompts are held out
 constexpr uint64_t kSampleSalts[3] = {0x616c6c0000000000ull, 0x747261696e000000ull, 0x6576616c00000000ull};
+constexpr uint64_t kSloppySalt = 0x736c6f7070790000ull;  // "sloppy": the demonstrations' own stream
 
 // SplitMix64's finaliser: decorrelates seeds that differ in few bits.
 uint64_t mix_seed(uint64_t x) {
@@ -115,7 +116,10 @@ std::string answer_text(const Item& item) {
   return {};
 }
 
-// A right-format, wrong-value answer: the mistakes a weak model plausibly makes.
+// A right-format, wrong-value answer: the mistakes a weak model plausibly makes (near misses, an
+// operand, a doubled answer) and, two times in five, any other value of the right kind. Without
+// those the reward model only learns "the answer beats the usual mistakes" and rewards a value
+// that is often right elsewhere (a 9 for every "bigger" prompt), which PPO then exploits.
 std::string wrong_value(const Item& item, std::mt19937_64& rng) {
   const std::string answer = answer_text(item);
   const uint64_t pick = uniform_below(rng, 5);
@@ -124,15 +128,19 @@ std::string wrong_value(const Item& item, std::mt19937_64& rng) {
     const uint64_t other = (item.a + 1 + uniform_below(rng, kWords.size() - 1)) % kWords.size();
     return kWords[other];
   }
-  if (pick == 0) return answer + answer;  // "77" for "7"
+  if (pick == 0) return answer + " " + answer;  // "7 7": the answer twice
+  const int right = item.kind == kBigger ? std::max(item.a, item.b) : item.a + item.b;
+  if (pick >= 3) {
+    const int values = item.kind == kBigger ? 10 : 19;  // digits, or sums of two digits
+    return std::to_string((right + 1 + static_cast<int>(uniform_below(rng, values - 1))) % values);
+  }
   if (item.kind == kBigger) {
     if (pick == 1) return std::to_string(item.a) + " or " + std::to_string(item.b);
     return std::to_string(std::min(item.a, item.b));
   }
-  const int sum = item.a + item.b;
   std::vector<int> near_misses;
-  for (int candidate : {sum - 2, sum - 1, sum + 1, sum + 2, item.a, item.b}) {
-    if (candidate >= 0 && candidate != sum) near_misses.push_back(candidate);
+  for (int candidate : {right - 2, right - 1, right + 1, right + 2, item.a, item.b}) {
+    if (candidate >= 0 && candidate != right) near_misses.push_back(candidate);
   }
   return std::to_string(near_misses[uniform_below(rng, near_misses.size())]);
 }
@@ -258,6 +266,19 @@ double demo_task_score(std::string_view prompt, std::string_view answer) {
   return given == task.answer ? 1.0 : 0.0;
 }
 
+std::vector<PreferenceExample> sloppy_demonstrations(std::vector<PreferenceExample> examples, uint64_t seed,
+                                                     int64_t sloppy_percent) {
+  DSCHAT_CHECK(sloppy_percent >= 0 && sloppy_percent <= 100, InvalidArgument, "demo task: sloppy_percent ",
+               sloppy_percent, " is not in [0, 100]");
+  std::mt19937_64 rng(mix_seed(seed ^ kSloppySalt));
+  for (PreferenceExample& example : examples) {
+    if (static_cast<int64_t>(uniform_below(rng, 100)) < sloppy_percent) {
+      example.chosen = example.chosen + " " + example.chosen;
+    }
+  }
+  return examples;
+}
+
 std::string demo_examples_to_jsonl(const std::vector<PreferenceExample>& examples) {
   std::string text;
   for (const PreferenceExample& example : examples) {
@@ -279,6 +300,11 @@ void write_demo_dataset(const std::filesystem::path& dir, uint64_t seed, size_t 
   DSCHAT_CHECK(!error, IoError, dir.string(), ": cannot create the directory: ", error.message());
   io::write_file_atomically(dir / "train.json", demo_examples_to_jsonl(train));
   io::write_file_atomically(dir / "eval.json", demo_examples_to_jsonl(eval));
+  std::filesystem::create_directories(dir / "sft", error);
+  DSCHAT_CHECK(!error, IoError, (dir / "sft").string(), ": cannot create the directory: ", error.message());
+  io::write_file_atomically(dir / "sft" / "train.json", demo_examples_to_jsonl(sloppy_demonstrations(train, seed)));
+  io::write_file_atomically(dir / "sft" / "eval.json",
+                            demo_examples_to_jsonl(sloppy_demonstrations(eval, seed + 1)));
 }
 
 }  // namespace data

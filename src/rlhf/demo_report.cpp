@@ -17,6 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int64_t kSamplesPerPrompt = 64;
+
 std::vector<std::string> distinct_prompts(const fs::path& file) {
   std::ifstream in(file);
   DSCHAT_CHECK(in.good(), NotFound, file.string(), ": cannot open the demo's held-out prompts");
@@ -48,32 +50,56 @@ double reward_of(models::ValueHeadModel& reward, const tokenizer::Tokenizer& tok
 }
 
 struct ModelScores {
-  double task = 0.0, reward = 0.0;
+  double task = 0.0, reward = 0.0;  // greedy answers
+  double sampled_task = 0.0;        // answers sampled as step 3 samples them
   std::vector<std::string> answers;
 };
 
-ModelScores score_model(const std::string& model_dir, const tokenizer::Tokenizer& tokenizer,
-                        models::ValueHeadModel& reward, const std::vector<std::string>& prompts,
-                        int64_t max_new_tokens) {
-  models::CausalLM model = inference::load_causal_lm(model_dir, {});
-  core::GenerationConfig generation;
-  generation.max_new_tokens = max_new_tokens;
+std::vector<std::string> answer_all(models::CausalLM& model, const tokenizer::Tokenizer& tokenizer,
+                                    const std::vector<std::string>& prompts, core::GenerationConfig generation) {
   std::vector<std::string> padded;
   for (const std::string& p : prompts) padded.push_back(" " + p);
-  ModelScores scores;
-  const int64_t pad = pad_token_of(tokenizer);
+  std::vector<std::string> answers;
+  const uint64_t seed = generation.seed;
   for (size_t begin = 0; begin < padded.size(); begin += 64) {
     std::vector<std::string> chunk(padded.begin() + begin, padded.begin() + std::min(padded.size(), begin + 64));
-    for (const std::string& answer : inference::generate_text(model, tokenizer, chunk, generation)) {
-      scores.answers.push_back(answer);
+    generation.seed = seed + begin;  // a fixed stream per chunk: the same draws for the SFT and PPO models
+    for (std::string& answer : inference::generate_text(model, tokenizer, chunk, generation)) {
+      answers.push_back(std::move(answer));
     }
   }
+  return answers;
+}
+
+ModelScores score_model(const std::string& model_dir, const tokenizer::Tokenizer& tokenizer,
+                        models::ValueHeadModel& reward, const std::vector<std::string>& prompts,
+                        const PpoConfig& step3) {
+  models::CausalLM model = inference::load_causal_lm(model_dir, {});
+  core::GenerationConfig greedy;
+  greedy.max_new_tokens = step3.max_answer_seq_len;
+  ModelScores scores;
+  scores.answers = answer_all(model, tokenizer, prompts, greedy);
+  const int64_t pad = pad_token_of(tokenizer);
   for (size_t i = 0; i < prompts.size(); ++i) {
     scores.task += data::demo_task_score(prompts[i], scores.answers[i]);
     scores.reward += reward_of(reward, tokenizer, prompts[i], scores.answers[i], pad);
   }
   scores.task /= static_cast<double>(prompts.size());
   scores.reward /= static_cast<double>(prompts.size());
+
+  // The policy PPO optimises is the sampling one: kSamplesPerPrompt answers per prompt at the
+  // step-3 sampling settings, from a fixed seed.
+  core::GenerationConfig sampling = greedy;
+  sampling.do_sample = true;
+  sampling.temperature = step3.sampling.temperature;
+  sampling.top_k = step3.sampling.top_k;
+  sampling.top_p = step3.sampling.top_p;
+  sampling.seed = step3.common.seed;
+  std::vector<std::string> repeated;
+  for (int64_t s = 0; s < kSamplesPerPrompt; ++s) repeated.insert(repeated.end(), prompts.begin(), prompts.end());
+  const std::vector<std::string> sampled = answer_all(model, tokenizer, repeated, sampling);
+  for (size_t i = 0; i < repeated.size(); ++i) scores.sampled_task += data::demo_task_score(repeated[i], sampled[i]);
+  scores.sampled_task /= static_cast<double>(repeated.size());
   return scores;
 }
 
@@ -95,12 +121,14 @@ DemoReport evaluate_demo(const PipelineConfig& config, const PipelineResult& res
   report.prompts = static_cast<int64_t>(prompts.size());
   auto tokenizer = tokenizer::Tokenizer::load(config.tokenizer.empty() ? config.step1.output_dir : config.tokenizer);
   models::ValueHeadModel reward = inference::load_value_model(config.step2.output_dir, {});
-  const int64_t answer_tokens = config.step3.max_answer_seq_len;
-  const ModelScores sft = score_model(config.step1.output_dir, tokenizer, reward, prompts, answer_tokens);
+  const ModelScores sft = score_model(config.step1.output_dir, tokenizer, reward, prompts, config.step3);
   const ModelScores ppo =
-      score_model((fs::path(config.step3.output_dir) / "actor").string(), tokenizer, reward, prompts, answer_tokens);
+      score_model((fs::path(config.step3.output_dir) / "actor").string(), tokenizer, reward, prompts, config.step3);
   report.sft_task_score = sft.task;
   report.ppo_task_score = ppo.task;
+  report.sft_sampled_task_score = sft.sampled_task;
+  report.ppo_sampled_task_score = ppo.sampled_task;
+  report.samples_per_prompt = kSamplesPerPrompt;
   report.sft_mean_reward = sft.reward;
   report.ppo_mean_reward = ppo.reward;
   report.sample_prompt = prompts.front();
@@ -117,11 +145,13 @@ std::string format_demo_report(const DemoReport& r) {
                 "  step 1  SFT eval loss            %8.3f -> %8.3f\n"
                 "  step 2  reward model accuracy    %8.3f -> %8.3f\n"
                 "  step 3  mean reward   SFT model  %8.3f    PPO model %8.3f\n"
-                "          task score    SFT model  %8.3f    PPO model %8.3f   (share of exactly right answers)\n"
+                "          task score    SFT model  %8.3f    PPO model %8.3f   (greedy: share of exactly right answers)\n"
+                "          task score    SFT model  %8.3f    PPO model %8.3f   (sampled as in step 3, %lld per prompt)\n"
                 "  ---------------------------------------------------------------\n"
                 "  sample (PPO model): %s %s\n",
                 static_cast<long long>(r.prompts), r.sft_eval_loss_before, r.sft_eval_loss_after, r.rm_accuracy_before,
                 r.rm_accuracy_after, r.sft_mean_reward, r.ppo_mean_reward, r.sft_task_score, r.ppo_task_score,
+                r.sft_sampled_task_score, r.ppo_sampled_task_score, static_cast<long long>(r.samples_per_prompt),
                 r.sample_prompt.c_str(), r.sample_answer.c_str());
   return text;
 }

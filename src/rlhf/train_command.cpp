@@ -40,9 +40,14 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
     for (const char* key : {"actor_model", "reward_model", "tokenizer"}) {
       if (json.contains(key)) json[key] = bundled_path(json[key].get<std::string>(), source_dir);
     }
-    if (json.contains("data") && json["data"].contains("local_jsonfile_dir")) {
-      json["data"]["local_jsonfile_dir"] =
-          bundled_path(json["data"]["local_jsonfile_dir"].get<std::string>(), source_dir);
+    auto resolve_data_dir = [&](nlohmann::json& block) {
+      if (!block.contains("data") || !block["data"].contains("local_jsonfile_dir")) return;
+      nlohmann::json& dir = block["data"]["local_jsonfile_dir"];
+      dir = bundled_path(dir.get<std::string>(), source_dir);
+    };
+    resolve_data_dir(json);
+    for (const char* step : {"step1", "step2", "step3"}) {
+      if (json.contains(step)) resolve_data_dir(json[step]);
     }
   } else {
     // The file's "preset" says what it is merged over: "auto" (default) the preset of
@@ -89,7 +94,8 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   if (json.value("reward_model", std::string()) == "step1") {
     plan.config.step2.model_name_or_path = plan.config.step1.output_dir;
   }
-  if (plan.demo) plan.demo_eval_file = fs::path(plan.config.step1.data.local_jsonfile_dir) / "eval.json";
+  // The held-out prompts of the pairs (step 1 may train on other records of the same prompts).
+  if (plan.demo) plan.demo_eval_file = fs::path(plan.config.step3.data.local_jsonfile_dir) / "eval.json";
   return plan;
 }
 

@@ -60,7 +60,7 @@ TEST(DemoTask, PinnedFirstRecordsAcrossStandardLibraries) {
   // mt19937_64 and our own integer helpers are fully specified, so these bytes never change.
   auto examples = data::generate_demo_examples({1234, 3, data::demo_task_kinds(), DemoPromptSet::kAll});
   EXPECT_EQ(data::demo_examples_to_jsonl(examples),
-            "{\"prompt\":\"Human: What is 5 plus 7? Assistant:\",\"chosen\":\"12\",\"rejected\":\"11\"}\n"
+            "{\"prompt\":\"Human: What is 5 plus 7? Assistant:\",\"chosen\":\"12\",\"rejected\":\"7\"}\n"
             "{\"prompt\":\"Human: Repeat the word: door. Assistant:\",\"chosen\":\"door\",\"rejected\":\"cake\"}\n"
             "{\"prompt\":\"Human: What is 5 plus 5? Assistant:\",\"chosen\":\"10\",\"rejected\":\"Sorry, I cannot "
             "answer that.\"}\n");
@@ -88,6 +88,35 @@ TEST(DemoTask, EveryChosenScoresOneAndEveryRejectedZero) {
     for (const std::string& kind : data::demo_task_kinds()) EXPECT_GT(per_kind[kind], 1500) << kind;
     EXPECT_TRUE(rejected_forms.count("I don't know.")) << "wrong-format answers are part of the mix";
   }
+}
+
+TEST(DemoTask, SloppyDemonstrationsDoubleThatShareOfAnswersAndNothingElse) {
+  auto examples = data::generate_demo_examples({1234, 4000, data::demo_task_kinds(), DemoPromptSet::kTrain});
+  auto sloppy = data::sloppy_demonstrations(examples, 1234);
+  ASSERT_EQ(sloppy.size(), examples.size());
+  EXPECT_EQ(sloppy, data::sloppy_demonstrations(examples, 1234));
+  EXPECT_NE(sloppy, data::sloppy_demonstrations(examples, 1235));
+  size_t doubled = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    EXPECT_EQ(sloppy[i].prompt, examples[i].prompt);
+    EXPECT_EQ(sloppy[i].rejected, examples[i].rejected);
+    if (sloppy[i].chosen == examples[i].chosen) continue;
+    ++doubled;
+    EXPECT_EQ(sloppy[i].chosen, examples[i].chosen + " " + examples[i].chosen);
+    EXPECT_EQ(demo_task_score(sloppy[i].prompt, sloppy[i].chosen), 0.0) << "a doubled answer is wrong";
+  }
+  EXPECT_NEAR(static_cast<double>(doubled) / static_cast<double>(examples.size()), 0.30, 0.03);
+  EXPECT_EQ(data::sloppy_demonstrations(examples, 1, 0), examples);
+  for (const auto& example : data::sloppy_demonstrations(examples, 1, 100)) {
+    EXPECT_EQ(demo_task_score(example.prompt, example.chosen), 0.0);
+  }
+  EXPECT_THROW_WITH(data::sloppy_demonstrations(examples, 1, 101), core::InvalidArgument, "sloppy_percent 101");
+  // The preference pairs rank the clean answer above the doubled one, so a reward model can learn
+  // what PPO must remove: "7 7" is one of the rejected forms.
+  std::set<std::string> rejected;
+  for (const auto& example : examples) rejected.insert(example.rejected);
+  EXPECT_TRUE(rejected.count("7 7"));
+  EXPECT_TRUE(rejected.count("water water"));
 }
 
 TEST(DemoTask, KindsCanBeRestrictedAndAreValidated) {
@@ -199,7 +228,7 @@ TEST(DemoTask, CommittedDataIsWhatTheReadmeCommandWrites) {
             0)
       << out;
   EXPECT_NE(out.find("wrote 2000 train and 200 eval records"), std::string::npos) << out;
-  for (const char* name : {"train.json", "eval.json"}) {
+  for (const char* name : {"train.json", "eval.json", "sft/train.json", "sft/eval.json"}) {
     EXPECT_TRUE(read_file(tmp / "demo" / name) == read_file(demo_dir / name))
         << "data/demo/" << name << " drifted from the generator; regenerate it with the README's command";
   }

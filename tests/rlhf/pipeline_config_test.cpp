@@ -285,7 +285,9 @@ TEST(PipelineConfig, DemoConfigParses) {
   EXPECT_EQ(c.init, "random");
   EXPECT_EQ(c.tokenizer, "assets/demo-opt");
   EXPECT_EQ(c.step1.model_name_or_path, "assets/demo-opt");
-  EXPECT_EQ(c.step1.data.local_jsonfile_dir, "data/demo");
+  EXPECT_EQ(c.step1.data.local_jsonfile_dir, "data/demo/sft");  // the sloppy demonstrations
+  EXPECT_EQ(c.step2.data.local_jsonfile_dir, "data/demo");
+  EXPECT_EQ(c.step3.data.local_jsonfile_dir, "data/demo");
   EXPECT_EQ(c.step1.data.data_output_path, "");
   EXPECT_EQ(c.step1.common.dtype, "fp32");
   EXPECT_EQ(c.step3.max_answer_seq_len, 4);

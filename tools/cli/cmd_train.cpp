@@ -56,10 +56,15 @@ void run_train(const TrainFlags& flags) {
   const rlhf::TrainPlan plan = rlhf::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
-  if (plan.demo && is_rank0(context)) {
-    std::cout << rlhf::format_demo_report(rlhf::evaluate_demo(plan.config, result, plan.demo_eval_file))
-              << std::flush;
+  if (!plan.demo || !is_rank0(context)) return;
+  // The table compares the step-1 and step-3 models: only once all three steps have finished.
+  for (const char* step : {"step1", "step2", "step3"}) {
+    if (!result.summaries.contains(step)) {
+      std::cout << "(no demo table: " << step << " has not run; it compares the SFT and PPO models)\n";
+      return;
+    }
   }
+  std::cout << rlhf::format_demo_report(rlhf::evaluate_demo(plan.config, result, plan.demo_eval_file)) << std::flush;
 }
 
 void add_common_flags(CLI::App& cmd, TrainFlags& f) {

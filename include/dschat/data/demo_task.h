@@ -47,8 +47,8 @@ std::vector<std::string> demo_task_kinds();
 
 /// `count` records, each of a kind drawn uniformly from `options.kinds`. About a quarter of the
 /// rejected answers have the wrong format (a rambling sentence, "?", "..."); the rest have the
-/// right format but the wrong value (another word, a near-miss number, the smaller number, the
-/// answer written twice such as "77" for "7"). Throws core::InvalidArgument for an unknown or
+/// right format but the wrong value (another word, a near-miss number, the smaller number, any
+/// other value of the kind, the answer written twice such as "7 7" for "7"). Throws core::InvalidArgument for an unknown or
 /// repeated kind, or an empty kind list.
 std::vector<PreferenceExample> generate_demo_examples(const DemoTaskOptions& options);
 
@@ -73,10 +73,18 @@ DemoTaskPrompt parse_demo_prompt(std::string_view prompt);
 /// core::InvalidArgument (from parse_demo_prompt) when `prompt` is not a demo prompt.
 double demo_task_score(std::string_view prompt, std::string_view answer);
 
+/// The step-1 demonstrations made from `examples`: the same records, but in `sloppy_percent` of
+/// them (drawn from the seed's own stream) `chosen` is the answer written twice ("7 7", "water
+/// water"), as a careless demonstrator would write it. SFT imitates that habit; the preference
+/// pairs rank the clean answer above the doubled one, which is what PPO then has to act on.
+std::vector<PreferenceExample> sloppy_demonstrations(std::vector<PreferenceExample> examples, uint64_t seed,
+                                                     int64_t sloppy_percent = 30);
+
 /// Writes <dir>/train.json (`train_count` records from the train prompts) and <dir>/eval.json
 /// (`eval_count` from the held-out prompts) as JSON Lines, one {"prompt","chosen","rejected"}
 /// object per line, each file atomically; creates `dir`. Train and eval come from different random
-/// streams of the same seed. Throws core::IoError naming the path, core::InvalidArgument for bad kinds.
+/// streams of the same seed. <dir>/sft/{train,eval}.json hold the same records as step-1
+/// demonstrations (sloppy_demonstrations). Throws core::IoError naming the path, core::InvalidArgument for bad kinds.
 void write_demo_dataset(const std::filesystem::path& dir, uint64_t seed, size_t train_count, size_t eval_count,
                         const std::vector<std::string>& kinds = demo_task_kinds());
 
