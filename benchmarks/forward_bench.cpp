@@ -8,7 +8,8 @@
 #include <limits>
 #include <iostream>
 
-#include "dschat/inference/model_loader.h"
+#include "dschat/core/dtype.h"
+#include "dschat/models/load_save.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dschat forward throughput"};
@@ -28,11 +29,11 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     torch::manual_seed(seed);
-    dschat::inference::LoadOptions options;
+    dschat::models::LoadOptions options;
     options.random_init = init == "random";
-    options.dtype = dschat::inference::parse_dtype(dtype);
+    options.dtype = dschat::core::parse_dtype(dtype, "--dtype");
     options.device = torch::Device(device);
-    auto lm = dschat::inference::load_causal_lm(model, options);
+    auto lm = dschat::models::load_causal_lm(model, options);
     torch::Tensor ids = torch::randint(3, lm->config().vocab_size, {batch, seq}, torch::kInt64).to(options.device);  // [B, T]
     torch::NoGradGuard no_grad;
     auto sync = [&] { if (options.device.is_cuda()) lm->forward(ids.narrow(1, 0, 1)).cpu(); };

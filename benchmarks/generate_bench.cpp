@@ -28,7 +28,7 @@
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
 #include "dschat/inference/inference_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 
 namespace {
 
@@ -104,12 +104,12 @@ int run(const Options& o) {
   const fs::path model_dir = work / "model";
   {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
-    inference::LoadOptions random;
+    models::LoadOptions random;
     random.random_init = true;
-    auto model = inference::load_causal_lm(o.preset, random);
-    inference::save_causal_lm(model, model_dir);
+    auto model = models::load_causal_lm(o.preset, random);
+    models::save_causal_lm(model, model_dir);
   }
-  auto model = inference::load_causal_lm(model_dir.string());
+  auto model = models::load_causal_lm(model_dir.string());
   const torch::Tensor prompts = make_prompts(o, model->config().vocab_size);  // [B, T]
   std::cout << "model " << o.preset << " (random, fp32, " << model_dir.string() << "), batch " << o.batch
             << ", prompt " << o.prompt << ", new tokens " << o.new_tokens << ", threads " << o.threads

@@ -6,7 +6,8 @@
 #include <chrono>
 #include <iostream>
 
-#include "dschat/inference/model_loader.h"
+#include "dschat/core/dtype.h"
+#include "dschat/models/load_save.h"
 #include "dschat/ops/rms_norm.h"
 
 int main(int argc, char** argv) {
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters);
   CLI11_PARSE(app, argc, argv);
   try {
-    auto options = torch::dtype(dschat::inference::parse_dtype(dtype)).device(torch::Device(device));
+    auto options = torch::dtype(dschat::core::parse_dtype(dtype, "--dtype")).device(torch::Device(device));
     torch::Tensor x = torch::randn({rows, cols}, options);  // [R, C]
     torch::Tensor w = torch::randn({cols}, options);        // [C]
     torch::NoGradGuard no_grad;

@@ -27,12 +27,12 @@
 
 #include "bench_util.h"
 #include "dschat/core/error.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "io/atomic_file.h"
-#include "rlhf/experience.h"
-#include "rlhf/ppo_step.h"
-#include "rlhf/throughput.h"
+#include "dschat/rlhf/experience.h"
+#include "dschat/rlhf/ppo_step.h"
+#include "dschat/monitor/throughput.h"
 
 namespace {
 
@@ -95,14 +95,14 @@ json dschat_round(const Options& o, const fs::path& work) {
 }
 
 void save_models(const Options& o, const fs::path& work) {
-  inference::LoadOptions random;
+  models::LoadOptions random;
   random.random_init = true;
   torch::manual_seed(static_cast<uint64_t>(o.seed));
-  auto actor = inference::load_causal_lm(o.actor, random);
-  inference::save_causal_lm(actor, work / "actor");
+  auto actor = models::load_causal_lm(o.actor, random);
+  models::save_causal_lm(actor, work / "actor");
   torch::manual_seed(static_cast<uint64_t>(o.seed) + 1);
-  auto critic = inference::load_value_model(o.critic, random);
-  inference::save_value_model(critic, work / "critic");
+  auto critic = models::load_value_model(o.critic, random);
+  models::save_value_model(critic, work / "critic");
 }
 
 void print_row(const char* name, double gen, double exp, double train, const Options& o, double flops) {
@@ -145,9 +145,9 @@ int run(const Options& o) {
   auto critic_config = core::load_model_config((work / "critic").string());
   const int64_t seq = o.prompt + o.answer;
   // perf.py's step-3 estimate: actor generation + actor and critic training passes.
-  const double flops = rlhf::training_flops(actor_config, o.batch, seq, false, 0) +
-                       rlhf::training_flops(critic_config, o.batch, seq, false, 0) +
-                       rlhf::training_flops(actor_config, o.batch, seq, false, 0) / 3.0;
+  const double flops = monitor::training_flops(actor_config, o.batch, seq, false, 0) +
+                       monitor::training_flops(critic_config, o.batch, seq, false, 0) +
+                       monitor::training_flops(actor_config, o.batch, seq, false, 0) / 3.0;
   std::cout << "\n| implementation | seqs/s | iteration (s) | generate (s) | experience (s) | train (s) | gen tokens/s "
                "| effective TFLOPs |\n|---|---|---|---|---|---|---|---|\n";
   print_row("dschat", median(ours[0]), median(ours[1]), median(ours[2]), o, flops);

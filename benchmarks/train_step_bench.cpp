@@ -47,7 +47,7 @@
 #include "dschat/dist/launcher.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/training_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/models/causal_lm.h"
 
 namespace {
@@ -133,7 +133,7 @@ engine::TrainingEngineOptions engine_options(const Options& o, int stage, int64_
 }
 
 models::CausalLM load_for_training(const std::string& model_dir) {
-  models::CausalLM model = inference::load_causal_lm(model_dir);
+  models::CausalLM model = models::load_causal_lm(model_dir);
   model->train();
   return model;
 }
@@ -387,10 +387,10 @@ fs::path save_model(const Options& o, const fs::path& work) {
     file << core::model_config_to_json(config);
   }
   torch::manual_seed(o.seed);
-  inference::LoadOptions random;
+  models::LoadOptions random;
   random.random_init = true;
-  models::CausalLM model = inference::load_causal_lm(dir.string(), random);
-  inference::save_causal_lm(model, dir);
+  models::CausalLM model = models::load_causal_lm(dir.string(), random);
+  models::save_causal_lm(model, dir);
   return dir;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds dschat into build/ (Ninja, ccache, precompiled torch headers).
 # Runs tools/setup.sh first, so it works on a fresh Debian machine. Extra args go to cmake.
+# DSCHAT_BUILD_TARGETS="a b" builds only those targets (tools/demo.sh: just the CLI).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -14,4 +15,6 @@ build="${DSCHAT_BUILD_DIR:-build}"
 if [ ! -f "$build/build.ninja" ] || [ "$#" -gt 0 ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 fi
-cmake --build "$build" -j "$(nproc)"
+targets=()
+for target in ${DSCHAT_BUILD_TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"

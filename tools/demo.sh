@@ -6,5 +6,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash tools/build.sh
+# Only what the demo runs: libdschat and the CLI (not the tests or the benchmarks).
+DSCHAT_BUILD_TARGETS=dschat_cli bash tools/build.sh
 ./build/dschat train "$@"

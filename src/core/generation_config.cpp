@@ -14,6 +14,7 @@ void validate_generation_config(const GenerationConfig& c, const std::string& wh
   if (!(c.temperature > 0.0)) fail("temperature", "must be > 0", std::to_string(c.temperature));
   if (c.top_k < 0) fail("top_k", "must be >= 0", std::to_string(c.top_k));
   if (!(c.top_p > 0.0 && c.top_p <= 1.0)) fail("top_p", "must be in (0, 1]", std::to_string(c.top_p));
+  if (c.num_return_sequences < 1 || c.num_return_sequences > 65536) fail("num_return_sequences", "must be in [1, 65536]", std::to_string(c.num_return_sequences));
   if (!(c.repetition_penalty >= 1.0)) fail("repetition_penalty", "must be >= 1", std::to_string(c.repetition_penalty));
 }
 
@@ -29,6 +30,7 @@ GenerationConfig parse_generation_config(const std::string& json_text, const std
   c.top_p = root.get<double>("top_p", c.top_p);
   c.repetition_penalty = root.get<double>("repetition_penalty", c.repetition_penalty);
   c.seed = root.get<uint64_t>("seed", c.seed);
+  c.num_return_sequences = root.get<int64_t>("num_return_sequences", c.num_return_sequences);
   c.eos_token_id = root.get_optional<int64_t>("eos_token_id");
   c.pad_token_id = root.get_optional<int64_t>("pad_token_id");
   root.finish();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dschat/core/error.h"
+#include "dschat/core/json_file.h"
 
 namespace dschat {
 namespace core {
@@ -59,10 +60,6 @@ class JsonObject {
   std::set<std::string> read_;
 };
 
-/// Parses JSON text; syntax errors become ConfigError naming `where` and the byte offset.
-nlohmann::json parse_json_text(const std::string& text, const std::string& where);
-/// Reads and parses a JSON file (IoError when unreadable).
-nlohmann::json read_json_file(const std::string& path);
 
 /// Range check helper: throws ConfigError "<where>: key 'k' must be in [lo, hi], got v".
 template <typename T>

@@ -47,6 +47,12 @@ std::pair<torch::Tensor, torch::Tensor> right_padded(const std::vector<TokenSpan
   return {ids, mask};
 }
 
+// Undefined tensors (fields a batch leaves unset) stay undefined instead of throwing in to().
+torch::Tensor moved(const torch::Tensor& tensor, const torch::Device& device, bool non_blocking) {
+  if (!tensor.defined()) return tensor;
+  return tensor.to(torch::TensorOptions().device(device), non_blocking);  // dtype kept
+}
+
 void check_batch(const TokenizedDataset& dataset, const std::vector<int64_t>& items, PhaseKind kind, const char* what) {
   DSCHAT_CHECK(!items.empty(), InvalidArgument, what, ": empty batch");
   DSCHAT_CHECK(dataset.kind() == kind, InvalidArgument, what, ": the dataset holds phase ",
@@ -54,6 +60,20 @@ void check_batch(const TokenizedDataset& dataset, const std::vector<int64_t>& it
 }
 
 }  // namespace
+
+SftBatch SftBatch::to(const torch::Device& device, bool non_blocking) const {
+  return SftBatch{moved(input_ids, device, non_blocking), moved(attention_mask, device, non_blocking),
+                  moved(labels, device, non_blocking)};
+}
+
+RewardBatch RewardBatch::to(const torch::Device& device, bool non_blocking) const {
+  return RewardBatch{moved(input_ids, device, non_blocking), moved(attention_mask, device, non_blocking),
+                     moved(prompt_lengths, device, non_blocking)};
+}
+
+PromptBatch PromptBatch::to(const torch::Device& device, bool non_blocking) const {
+  return PromptBatch{moved(input_ids, device, non_blocking), moved(attention_mask, device, non_blocking)};
+}
 
 SftBatch collate_sft(const TokenizedDataset& dataset, const std::vector<int64_t>& items, const PadOptions& pad,
                      SftLossTokens loss_tokens) {
@@ -79,6 +99,10 @@ RewardBatch collate_reward(const TokenizedDataset& dataset, const std::vector<in
   all.insert(all.end(), rejected.spans.begin(), rejected.spans.end());
   RewardBatch batch;
   std::tie(batch.input_ids, batch.attention_mask) = right_padded(all, padded_length(all, pad.pad_to), pad.pad_token_id);
+  // One per pair (chosen and rejected share the prompt): real tokens, so with right padding the
+  // prompt is columns [0, prompt_lengths[i]) of rows i and B + i.
+  batch.prompt_lengths = torch::tensor(std::vector<int64_t>(chosen.prompt_lengths.begin(), chosen.prompt_lengths.end()),
+                                       torch::kInt64);  // [B]
   return batch;
 }
 

@@ -104,7 +104,19 @@ TokenizedDataset tokenize_phase(const std::vector<PromptRecord>& rows, const std
   } else if (kind == PhaseKind::kReward) {
     auto chosen = tokenizer.encode_batch(texts_of(kept, &PromptRecord::prompt_and_chosen, eot), truncating);
     auto rejected = tokenizer.encode_batch(texts_of(kept, &PromptRecord::prompt_and_rejected, eot), truncating);
-    for (size_t i = 0; i < kept.size(); ++i) out.append({&chosen.input_ids[i], &rejected.input_ids[i]});
+    // Where the answers start (DPO-style losses, diagnostics): P tokenised alone the same way as
+    // the rows (same special tokens, same max_seq_len truncation), so a prompt longer than
+    // max_seq_len counts max_seq_len. P's own token count rather than SFT's common prefix with
+    // PC: one number for both rows, where a prefix could differ between them if the tokenizer
+    // merged a token across the prompt/answer boundary.
+    std::vector<std::string> prompts;
+    for (const auto* r : kept) prompts.push_back(r->prompt.value_or(""));
+    auto prompt_ids = tokenizer.encode_batch(prompts, truncating);
+    for (size_t i = 0; i < kept.size(); ++i) {
+      // Without P (datasets with PC/PR only) no token counts as prompt.
+      const int32_t prompt_len = kept[i]->prompt ? static_cast<int32_t>(prompt_ids.input_ids[i].size()) : 0;
+      out.append({&chosen.input_ids[i], &rejected.input_ids[i]}, prompt_len);
+    }
   } else {
     auto prompts = tokenizer.encode_batch(texts_of(kept, &PromptRecord::prompt, ""), whole);
     int64_t too_long = 0;

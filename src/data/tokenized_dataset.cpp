@@ -43,6 +43,8 @@ void TokenizedDataset::append(const std::vector<const std::vector<int64_t>*>& se
   DSCHAT_CHECK(!mapping_, InvalidArgument, "tokenized dataset: cannot append to a loaded (mapped) dataset");
   DSCHAT_CHECK(static_cast<int>(sequences.size()) == fields(), InvalidArgument, "tokenized dataset: ",
                sequences.size(), " sequences given, this kind holds ", fields());
+  DSCHAT_CHECK(prompt_length >= 0, InvalidArgument, "tokenized dataset: prompt length ", prompt_length,
+               " is negative");
   for (const auto* ids : sequences) {
     for (int64_t id : *ids) {
       DSCHAT_CHECK(id >= 0 && id <= std::numeric_limits<int32_t>::max(), InvalidArgument,
@@ -82,7 +84,8 @@ TokenizedDataset TokenizedDataset::concatenate(const std::vector<const Tokenized
 }
 
 void TokenizedDataset::save(const std::filesystem::path& file) const {
-  nlohmann::json header = {{"kind", static_cast<int>(kind_)},
+  nlohmann::json header = {{"version", kTokenizedFileVersion},
+                           {"kind", static_cast<int>(kind_)},
                            {"items", items_},
                            {"fields", fields()},
                            {"tokens", num_tokens_},
@@ -117,6 +120,18 @@ TokenizedDataset TokenizedDataset::load(const std::filesystem::path& file) {
                FormatError, where, ": malformed header");
   const int kind = header["kind"].get<int>();
   DSCHAT_CHECK(kind >= 1 && kind <= 3, FormatError, where, ": unknown phase kind ", kind);
+  // Files from before the header carried a version are version 1: same layout, but the prompt
+  // lengths of reward pairs were not stored (zeros), so such a file would be misread.
+  int64_t version = 1;
+  if (header.contains("version")) {
+    DSCHAT_CHECK(header["version"].is_number_integer(), FormatError, where, ": malformed header (version)");
+    version = header["version"].get<int64_t>();
+  }
+  DSCHAT_CHECK(version >= 1 && version <= kTokenizedFileVersion, FormatError, where, ": format version ", version,
+               " (this build reads 1 to ", kTokenizedFileVersion, "; delete it and it is rebuilt)");
+  DSCHAT_CHECK(version >= 2 || kind != static_cast<int>(PhaseKind::kReward), FormatError, where,
+               ": a version-1 reward file, written before pairs stored their prompt lengths (delete it and it "
+               "is rebuilt)");
   TokenizedDataset out(static_cast<PhaseKind>(kind));
   out.items_ = header["items"].get<int64_t>();
   out.num_tokens_ = header["tokens"].get<int64_t>();

@@ -2,7 +2,7 @@
 
 #include <fstream>
 
-#include "data/content_hash.h"
+#include "io/sha256.h"
 #include "dschat/core/error.h"
 #include "dschat/io/state_dict.h"
 
@@ -45,7 +45,7 @@ CheckpointShards CheckpointShards::open(const fs::path& tag_dir) {
     const fs::path file = tag_dir / name;
     DSCHAT_CHECK(fs::exists(file), FormatError, file.string(), ": listed in ", manifest_file.string(),
                  " but missing (incomplete checkpoint)");
-    DSCHAT_CHECK(data::sha256_of_file(file) == entry.value("sha256", ""), FormatError, file.string(),
+    DSCHAT_CHECK(io::sha256_of_file(file) == entry.value("sha256", ""), FormatError, file.string(),
                  ": checksum mismatch (corrupt or modified checkpoint)");
   }
   shards.engine_ = read_json(tag_dir / "engine.json");

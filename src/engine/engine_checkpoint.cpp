@@ -3,7 +3,7 @@
 // a checkpoint is read back by any world size and stage.
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "data/content_hash.h"
+#include "io/sha256.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_export.h"
 #include "dschat/engine/checkpoint_shards.h"
@@ -133,7 +133,7 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
       json manifest = {{"tag", tag}, {"files", json::object()}};
       for (const auto& entry : fs::directory_iterator(staging)) {
         const std::string name = entry.path().filename().string();
-        manifest["files"][name] = {{"bytes", fs::file_size(entry.path())}, {"sha256", data::sha256_of_file(entry.path())}};
+        manifest["files"][name] = {{"bytes", fs::file_size(entry.path())}, {"sha256", io::sha256_of_file(entry.path())}};
       }
       io::write_file_atomically(staging / "manifest.json", manifest.dump(1));
       // Swap the finished directory into place; an older copy of the same tag is removed only after.

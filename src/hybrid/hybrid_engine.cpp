@@ -171,10 +171,17 @@ void HybridEngine::run_self_check(const torch::Tensor& input_ids, const torch::T
   core::log_debug("hybrid engine self-check: max |logit difference| ", result.max_abs_diff, " <= ", result.tolerance);
 }
 
-inference::GenerationResult HybridEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                                   const core::GenerationConfig& config) {
+inference::GenerationResult HybridEngine::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                                   const core::GenerationConfig& requested) {
   eval();
   const auto start = Clock::now();
+  // n answers per prompt: repeated here, so the tensor-parallel path splits rows it can count.
+  const inference::GenerationResult repeated =
+      inference::repeat_for_return_sequences(prompt_ids, prompt_mask, requested.num_return_sequences);
+  const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
+  const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
+  core::GenerationConfig config = requested;
+  config.num_return_sequences = 1;
   samples_ = input_ids.size(0) * training_->world_size();
   inference::GenerationResult result;
   if (options_.training.config.hybrid_engine.inference_tp_size > 1) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/core/error.h"
 #include "dschat/nn/lora.h"
@@ -12,9 +13,8 @@ namespace dschat {
 namespace hybrid {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+using Clock = core::SteadyClock;
+using core::seconds_since;
 
 // LoRA adapters outside the decoder layers (e.g. on lm_head) cannot be fused layer by layer.
 void require_lora_only_in_layers(models::CausalLM& actor, const char* why) {

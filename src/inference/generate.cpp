@@ -5,6 +5,13 @@
 namespace dschat {
 namespace inference {
 
+GenerationResult repeat_for_return_sequences(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                             int64_t num_return_sequences) {
+  if (num_return_sequences == 1) return {input_ids, attention_mask};
+  return {input_ids.repeat_interleave(num_return_sequences, 0),         // [B * n, T]
+          attention_mask.repeat_interleave(num_return_sequences, 0)};   // [B * n, T]
+}
+
 GenerationResult generate(models::CausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           const core::GenerationConfig& config) {
   InferenceEngineOptions options;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/core/error.h"
 #include "dschat/inference/kv_cache.h"
@@ -14,11 +15,8 @@ namespace dschat {
 namespace inference {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = core::SteadyClock;
+using core::seconds_since;
 
 }  // namespace
 
@@ -78,14 +76,18 @@ torch::Tensor InferenceEngine::decode_step(const torch::Tensor& step_input, cons
   return model_->lm_logits(last).to(torch::kFloat32);                                  // [B, V]
 }
 
-GenerationResult InferenceEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                                            const core::GenerationConfig& config) {
   const auto start = Clock::now();
   core::validate_generation_config(config, "generation config");
-  DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
-                   input_ids.size(1) > 0,
-               InvalidArgument, "generate: input_ids ", input_ids.sizes(), " and attention_mask ",
-               attention_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
+  DSCHAT_CHECK(prompt_ids.dim() == 2 && prompt_ids.sizes() == prompt_mask.sizes() && prompt_ids.size(0) > 0 &&
+                   prompt_ids.size(1) > 0,
+               InvalidArgument, "generate: input_ids ", prompt_ids.sizes(), " and attention_mask ",
+               prompt_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
+  // n answers per prompt: the prompts repeated, then one generation over all rows.
+  const GenerationResult repeated = repeat_for_return_sequences(prompt_ids, prompt_mask, config.num_return_sequences);
+  const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
+  const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
   const int64_t batch = input_ids.size(0), prompt = input_ids.size(1), max_new = config.max_new_tokens;
   std::string error;
   if (prompt + max_new > options_.max_out_tokens) {

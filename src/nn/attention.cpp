@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 #include "dschat/nn/rotary.h"
 #include "dschat/nn/tensor_parallel.h"
@@ -15,18 +16,9 @@
 namespace dschat {
 namespace nn {
 
-namespace {
+using core::lowest_value;
 
-// The most negative finite value of `dtype` (torch.finfo(dtype).min): masked scores stay finite,
-// so a fully masked row (a left-padding query) softmaxes to uniform instead of NaN.
-double lowest_value(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat16: return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
-    case torch::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
-    case torch::kFloat64: return std::numeric_limits<double>::lowest();
-    default: return std::numeric_limits<float>::lowest();
-  }
-}
+namespace {
 
 bool capturing_cuda_graph(const torch::Tensor& tensor) {
 #ifdef DSCHAT_WITH_CUDA

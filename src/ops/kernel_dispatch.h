@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 
 #ifdef DSCHAT_WITH_CUDA
@@ -45,20 +46,9 @@ inline bool kernel_applies(const torch::Tensor& first, std::initializer_list<tor
 #endif
 }
 
-/// The dtype's lowest finite value (torch.finfo(dtype).min), the score of a masked key.
-inline double lowest_value(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat16: return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
-    case torch::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
-    case torch::kFloat64: return std::numeric_limits<double>::lowest();
-    default: return std::numeric_limits<float>::lowest();
-  }
-}
 
-/// "[a, b, c]" of a tensor's shape, or "undefined".
-inline std::string shape_of(const torch::Tensor& t) {
-  return t.defined() ? c10::str(t.sizes()) : std::string("undefined");
-}
+using core::lowest_value;
+using core::shape_of;
 
 #ifdef DSCHAT_WITH_CUDA
 /// Calls f(T{}) with T = float, __half or __nv_bfloat16 for `dtype`.

@@ -1,7 +1,7 @@
-#include "rlhf/experience.h"
+#include "dschat/rlhf/experience.h"
 
-#include <chrono>
-
+#include "core/stopwatch.h"
+#include "dschat/core/error.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/reward_loss.h"
 
@@ -9,19 +9,25 @@ namespace dschat {
 namespace rlhf {
 
 Experience Experience::slice(int64_t begin, int64_t end) const {
+  auto rows = [&](const torch::Tensor& t) { return t.defined() ? t.slice(0, begin, end) : t; };
   Experience out = *this;
-  out.seq = seq.slice(0, begin, end);
-  out.attention_mask = attention_mask.slice(0, begin, end);
-  out.logprobs = logprobs.slice(0, begin, end);
-  out.ref_logprobs = ref_logprobs.slice(0, begin, end);
-  out.values = values.slice(0, begin, end);
-  out.reward_score = reward_score.slice(0, begin, end);
+  out.seq = rows(seq);
+  out.attention_mask = rows(attention_mask);
+  out.logprobs = rows(logprobs);
+  out.ref_logprobs = rows(ref_logprobs);
+  out.values = rows(values);
+  out.reward_score = rows(reward_score);
+  out.prompt_index = rows(prompt_index);
   return out;
 }
 
-torch::Tensor gather_log_probs(const torch::Tensor& logits, const torch::Tensor& labels) {
-  torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat32), -1);  // [B, L-1, V]
-  return log_probs.gather(-1, labels.slice(1, 1).unsqueeze(-1)).squeeze(-1);                     // [B, L-1]
+RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id) {
+  return [reward, pad_token_id](const torch::Tensor& seq, const torch::Tensor& attention_mask,
+                                int64_t prompt_length) mutable {
+    reward->eval();
+    torch::Tensor values = reward->forward(seq, attention_mask).to(torch::kFloat32);  // [B, L]
+    return reward_end_scores(seq, values, pad_token_id, prompt_length);             // [B]
+  };
 }
 
 core::GenerationConfig experience_generation_config(const PpoConfig& config, int64_t eos_token_id,
@@ -38,42 +44,84 @@ core::GenerationConfig experience_generation_config(const PpoConfig& config, int
   return generation;
 }
 
-std::optional<Experience> make_experience(RlhfModels& models, const torch::Tensor& prompts,
-                                          const torch::Tensor& prompt_mask, const core::GenerationConfig& generation,
-                                          int64_t pad_token_id, int64_t min_answer_tokens) {
-  const auto start = std::chrono::steady_clock::now();
-  models.actor->eval();
-  torch::Tensor seq = models.actor->generate(prompts, prompt_mask, generation).sequences;  // [B, P + N]
-  models.actor->train();
+namespace {
+
+// The scoring forwards are collective under ZeRO-3: every rank scores, or none does.
+bool every_rank_has_rows(engine::TrainingEngine& policy_engine, bool has_rows) {
+  const auto& comm = policy_engine.communicator();
+  if (!comm || comm->world_size() <= 1) return has_rows;
+  torch::Tensor have = torch::tensor({has_rows ? 1.0 : 0.0}, torch::kFloat64);  // [1]
+  comm->all_reduce(have, dist::ReduceOp::Sum);
+  return have.item<double>() == static_cast<double>(comm->world_size());
+}
+
+}  // namespace
+
+std::optional<Experience> generate_experience(ExperienceSources& sources, const torch::Tensor& prompts,
+                                              const torch::Tensor& prompt_mask, const ExperienceOptions& options) {
+  DSCHAT_CHECK(sources.policy != nullptr, InvalidArgument, "generate_experience: sources.policy is null");
+  DSCHAT_CHECK(static_cast<bool>(sources.reward), InvalidArgument, "generate_experience: sources.reward is empty");
+  const auto start = core::SteadyClock::now();
+  hybrid::HybridEngine& policy = *sources.policy;
+  policy.eval();
+  torch::Tensor seq = policy.generate(prompts, prompt_mask, options.generation).sequences;  // [B * n, P + N]
+  policy.train();
   Experience exp;
   exp.prompt_length = prompts.size(1);
   exp.generated_rows = seq.size(0);
-  exp.generate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  exp.generate_seconds = core::seconds_since(start);
+  const int64_t n = options.generation.num_return_sequences;
+  torch::Tensor prompt_index =
+      torch::arange(prompts.size(0), torch::dtype(torch::kInt64).device(seq.device())).repeat_interleave(n);  // [B * n]
 
-  const torch::Tensor keep = answer_keep_rows(seq, exp.prompt_length, pad_token_id, min_answer_tokens);  // [K]
-  // The scoring forwards are collective under ZeRO-3: every rank scores, or none does.
-  bool all_have_rows = keep.numel() > 0;
-  if (const auto& comm = models.actor->training_engine().communicator(); comm && comm->world_size() > 1) {
-    torch::Tensor have = torch::tensor({all_have_rows ? 1.0 : 0.0}, torch::kFloat64);
-    comm->all_reduce(have, dist::ReduceOp::Sum);
-    all_have_rows = have.item<double>() == static_cast<double>(comm->world_size());
+  torch::Tensor keep;  // [K] rows kept
+  if (options.drop_short_answers) {
+    keep = answer_keep_rows(seq, exp.prompt_length, options.pad_token_id, options.min_answer_tokens);
+  } else {
+    keep = torch::arange(seq.size(0), torch::dtype(torch::kInt64).device(seq.device()));
   }
-  if (!all_have_rows) return std::nullopt;
-  if (keep.numel() < seq.size(0)) seq = seq.index_select(0, keep);
-  exp.seq = seq;
-  exp.attention_mask = (seq != pad_token_id).to(torch::kInt64);  // [K, L]
+  if (!every_rank_has_rows(policy.training_engine(), keep.numel() > 0)) return std::nullopt;
+  if (keep.numel() < seq.size(0)) {
+    seq = seq.index_select(0, keep);
+    prompt_index = prompt_index.index_select(0, keep.to(prompt_index.device()));
+  }
+  exp.seq = seq;                                                             // [K, L]
+  exp.attention_mask = (seq != options.pad_token_id).to(torch::kInt64);    // [K, L]
+  exp.prompt_index = prompt_index;                                           // [K]
 
   torch::NoGradGuard no_grad;
-  engine::TrainingEngine& actor_engine = models.actor->training_engine();
-  exp.logprobs = gather_log_probs(models.actor->actor()->forward(seq, exp.attention_mask), seq);
-  actor_engine.release_gathered_parameters();
-  exp.ref_logprobs = gather_log_probs(models.ref->forward(seq, exp.attention_mask), seq);
-  torch::Tensor reward_values = models.reward->forward(seq, exp.attention_mask).to(torch::kFloat32);  // [K, L]
-  exp.reward_score = reward_end_scores(seq, reward_values, pad_token_id, exp.prompt_length);          // [K]
-  torch::Tensor values = models.critic->forward(seq, exp.attention_mask).to(torch::kFloat32);         // [K, L]
-  models.critic_engine->release_gathered_parameters();
-  exp.values = values.slice(1, 0, -1);  // [K, L-1]
+  exp.logprobs = sequence_log_probs(policy.actor(), seq, exp.attention_mask);  // [K, L-1]
+  policy.training_engine().release_gathered_parameters();
+  if (sources.reference) {
+    sources.reference->eval();
+    exp.ref_logprobs = sequence_log_probs(sources.reference, seq, exp.attention_mask);  // [K, L-1]
+  }
+  exp.reward_score = sources.reward(seq, exp.attention_mask, exp.prompt_length).to(torch::kFloat32);  // [K]
+  DSCHAT_CHECK(exp.reward_score.dim() == 1 && exp.reward_score.size(0) == seq.size(0), InvalidArgument,
+               "generate_experience: the reward function returned ", exp.reward_score.sizes(), " for ",
+               seq.size(0), " sequences; expected [", seq.size(0), "]");
+  if (sources.critic) {
+    torch::Tensor values = sources.critic->forward(seq, exp.attention_mask).to(torch::kFloat32);  // [K, L]
+    if (sources.critic_engine != nullptr) sources.critic_engine->release_gathered_parameters();
+    exp.values = values.slice(1, 0, -1);  // [K, L-1]
+  }
   return exp;
+}
+
+std::optional<Experience> make_experience(RlhfModels& models, const torch::Tensor& prompts,
+                                          const torch::Tensor& prompt_mask, const core::GenerationConfig& generation,
+                                          int64_t pad_token_id, int64_t min_answer_tokens) {
+  ExperienceSources sources;
+  sources.policy = models.actor.get();
+  sources.reference = models.ref;
+  sources.reward = reward_model_scores(models.reward, pad_token_id);
+  sources.critic = models.critic;
+  sources.critic_engine = models.critic_engine.get();
+  ExperienceOptions options;
+  options.generation = generation;
+  options.pad_token_id = pad_token_id;
+  options.min_answer_tokens = min_answer_tokens;
+  return generate_experience(sources, prompts, prompt_mask, options);
 }
 
 }  // namespace rlhf

@@ -7,8 +7,8 @@
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/reward_trainer.h"
 #include "dschat/rlhf/sft_trainer.h"
-#include "rlhf/step_runner.h"
-#include "rlhf/step_setup.h"
+#include "dschat/rlhf/step_runner.h"
+#include "dschat/rlhf/step_setup.h"
 
 namespace dschat {
 namespace rlhf {

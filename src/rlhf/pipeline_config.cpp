@@ -14,18 +14,7 @@ namespace dschat {
 namespace rlhf {
 
 nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& patch) {
-  // RFC 7386: a non-object patch replaces the target wholesale (arrays included).
-  if (!patch.is_object()) return patch;
-  if (!base.is_object()) base = nlohmann::json::object();
-  for (auto it = patch.begin(); it != patch.end(); ++it) {
-    if (it.value().is_null()) {
-      base.erase(it.key());
-    } else {
-      auto found = base.find(it.key());
-      nlohmann::json current = found != base.end() ? *found : nlohmann::json();
-      base[it.key()] = merge_config(std::move(current), it.value());
-    }
-  }
+  base.merge_patch(patch);  // RFC 7386: null deletes a key, a non-object patch replaces wholesale
   return base;
 }
 

@@ -3,17 +3,14 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
 namespace rlhf {
+using core::shape_of;
 namespace {
 
-std::string shape_of(const torch::Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + "]";
-}
 
 void check_dim(const char* op, const char* name, const torch::Tensor& t, int64_t dim) {
   DSCHAT_CHECK(t.defined(), InvalidArgument, op, ": ", name, " is undefined");

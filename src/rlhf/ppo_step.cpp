@@ -1,4 +1,4 @@
-#include "rlhf/ppo_step.h"
+#include "dschat/rlhf/ppo_step.h"
 
 #include "core/log.h"
 #include "dschat/rlhf/ppo_math.h"

@@ -4,29 +4,38 @@
 #include <chrono>
 #include <random>
 
+#include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/data/collate.h"
 #include "dschat/data/epoch_batches.h"
 #include "dschat/data/unsupervised.h"
 #include "dschat/io/state_dict.h"
 #include "io/atomic_file.h"
-#include "dschat/rlhf/metrics_log.h"
-#include "dschat/rlhf/progress.h"
-#include "rlhf/collapse_warnings.h"
+#include "dschat/monitor/metrics_log.h"
+#include "dschat/monitor/progress.h"
+#include "dschat/monitor/collapse_warnings.h"
 #include "rlhf/memory_hint.h"
-#include "rlhf/ppo_step.h"
-#include "rlhf/step_runner.h"
-#include "rlhf/step_setup.h"
+#include "dschat/rlhf/ppo_step.h"
+#include "dschat/rlhf/step_runner.h"
+#include "dschat/rlhf/step_setup.h"
 
 namespace dschat {
 namespace rlhf {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using Clock = core::SteadyClock;
+using core::seconds_since;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+// The answers of an experience as text, special tokens skipped (the repeated-answer check).
+std::vector<std::string> decode_answers(const Experience& exp, const tokenizer::Tokenizer& tokenizer) {
+  std::vector<std::string> answers;
+  for (int64_t i = 0; i < exp.rows(); ++i) {
+    torch::Tensor answer = exp.seq[i].slice(0, exp.prompt_length).to(torch::kCPU).contiguous();  // [N]
+    const int64_t* ids = answer.data_ptr<int64_t>();
+    answers.push_back(tokenizer.decode(std::vector<int64_t>(ids, ids + answer.numel()), true));
+  }
+  return answers;
 }
 
 // Removes every "global_step*" entry of `dir` except `keep` (the checkpoints of earlier steps).
@@ -107,7 +116,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   RlhfModels models = build_rlhf_models(config, total_iters, actor_gas, context);
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
 
-  MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
+  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   const fs::path ckpt = runner.checkpoint_dir();
 
   PpoResult result;
@@ -135,12 +144,12 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                    skip_batches);
   }
 
-  Progress progress("PPO", config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
+  monitor::Progress progress("PPO", config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                     !context.progress);
   std::optional<Experience> last_experience;
   std::vector<Experience> exp_buffer;
   std::vector<data::SftBatch> unsup_buffer;
-  CollapseWatch collapse(config.max_answer_seq_len);
+  monitor::CollapseWatch collapse(config.max_answer_seq_len);
   bool stop_test_mode = false;
   for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs && !stop_test_mode; ++epoch) {
     data::EpochBatches<data::PromptBatch> prompts(prompt_sampler, epoch, gen_bs, false,
@@ -257,7 +266,11 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                                   {"gen_seconds", generate_seconds},
                                   {"train_seconds", train_seconds},
                                   {"seqs_per_sec", seqs_per_second}});
-      collapse.observe_step(answer_len, result.mean_kl, last_experience->seq, P, tokenizer);
+      if (last_experience->rows() >= 4) {
+        collapse.observe_step(answer_len, result.mean_kl, decode_answers(*last_experience, tokenizer));
+      } else {
+        collapse.observe_step(answer_len, result.mean_kl, {});
+      }
       progress.update(epoch * steps_per_epoch + batch_index + 1,
                       "reward " + std::to_string(reward) + ", kl " + std::to_string(result.mean_kl));
       if (config.enable_test_mode && step >= config.test_stop_step) stop_test_mode = true;

@@ -4,17 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
 namespace rlhf {
+using core::shape_of;
 namespace {
 
-std::string shape_of(const torch::Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + "]";
-}
 
 // `c_inds[npb] if len(c_inds) > npb else seq_len`: the (npb)-th pad position. With OPT's BOS equal
 // to its pad, npb = 1 skips the BOS and lands on the first real pad, i.e. one past the last token.

@@ -1,28 +1,23 @@
 #include "dschat/rlhf/reward_trainer.h"
 
-#include <chrono>
-
+#include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/data/collate.h"
 #include "dschat/data/epoch_batches.h"
-#include "dschat/inference/model_loader.h"
-#include "dschat/rlhf/metrics_log.h"
-#include "dschat/rlhf/progress.h"
+#include "dschat/models/load_save.h"
+#include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/reward_loss.h"
 #include "rlhf/memory_hint.h"
-#include "rlhf/step_runner.h"
-#include "rlhf/step_setup.h"
-#include "rlhf/throughput.h"
+#include "dschat/rlhf/step_runner.h"
+#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/supervised_loop.h"
 
 namespace dschat {
 namespace rlhf {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = core::SteadyClock;
+using core::seconds_since;
 
 nlohmann::json evaluation_json(const RewardEvaluation& e) {
   return {{"accuracy", e.accuracy}, {"chosen_score", e.chosen_score}, {"rejected_score", e.rejected_score}};
@@ -82,7 +77,7 @@ RewardEvaluation evaluate_reward_model_on_data(const std::string& model_dir, con
                                                std::optional<int64_t> num_padding_at_beginning,
                                                const StepContext& context) {
   auto tokenizer = load_step_tokenizer(context, model_dir);
-  models::ValueHeadModel model = inference::load_value_model(model_dir, {});
+  models::ValueHeadModel model = models::load_value_model(model_dir, {});
   check_vocab(model->config().vocab_size, tokenizer, model_dir);
   data::PhaseData phase = data::create_prompt_dataset(
       prompt_data_options(data, 2, 1234, max_seq_len, eos_text_of(tokenizer)), tokenizer);
@@ -109,11 +104,11 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   result.num_padding_at_beginning = config.num_padding_at_beginning.value_or(padding_at_beginning(tokenizer));
   const int64_t npb = result.num_padding_at_beginning;
 
-  inference::LoadOptions load;
+  models::LoadOptions load;
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
-  models::ValueHeadModel model = inference::load_value_model(config.model_name_or_path, load,
+  models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
   model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
@@ -130,97 +125,71 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   std::unique_ptr<engine::TrainingEngine> engine_owner =
       make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
   engine::TrainingEngine& engine = *engine_owner;
-  MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
-  auto evaluate = [&](int64_t step) {
-    memory.enter("evaluating accuracy", MemoryAdvice::kEvaluate);
-    RewardEvaluation e = evaluate_reward_model(model, phase.eval, config.per_device_eval_batch_size,
-                                               config.eval_iters, pad, npb, context);
-    memory.enter("training", MemoryAdvice::kTrain);
-    engine.release_gathered_parameters();
-    log_evaluation(e);
-    metrics.write("rm", step, {{"eval_acc", e.accuracy}, {"eval_chosen", e.chosen_score},
-                               {"eval_rejected", e.rejected_score}});
-    return e;
-  };
-
-  int64_t start_epoch = 0, skip_batches = 0;
-  if (runner.can_resume()) {
-    const nlohmann::json state = engine.load_checkpoint(runner.checkpoint_dir());
-    start_epoch = state.at("epoch").get<int64_t>();
-    skip_batches = state.at("batch").get<int64_t>();
-    const nlohmann::json& before = state.at("before");
+  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
+  SupervisedLoop<data::RewardBatch> loop;
+  loop.use_step_config(config.common, context);
+  loop.eval_interval = config.eval_interval;
+  loop.progress_label = "reward model";
+  loop.progress_total = total_steps;
+  loop.on_resume = [&](const ResumePoint& at) {
+    const nlohmann::json& before = at.client_state.at("before");
     result.before.accuracy = before.at("accuracy").get<double>();
     result.before.chosen_score = before.at("chosen_score").get<double>();
     result.before.rejected_score = before.at("rejected_score").get<double>();
     result.resumed = true;
-    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", start_epoch,
-                   ", micro-batch ", skip_batches);
-  } else {
-    core::log_info("***** Evaluating reward, Epoch 0/", config.common.num_train_epochs, " *****");
-    result.before = evaluate(0);
-  }
-  auto client_state = [&](int64_t epoch, int64_t batch) {
-    return nlohmann::json{{"epoch", epoch}, {"batch", batch}, {"before", evaluation_json(result.before)}};
+    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", at.epoch,
+                   ", micro-batch ", at.micro_batch);
   };
-
-  Progress progress("reward model", total_steps, config.common.print_interval, !context.progress);
-  for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
-    core::log_info("Beginning of Epoch ", epoch + 1, "/", config.common.num_train_epochs,
-                   ", Total Micro Batches ", batches_per_epoch);
-    data::EpochBatches<data::RewardBatch> batches(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
+  loop.client_state = [&] { return nlohmann::json{{"before", evaluation_json(result.before)}}; };
+  loop.evaluate = [&](const EvaluationRequest& at) {
+    const bool before = at.point == EvaluationPoint::kBeforeTraining;
+    if (before || at.point == EvaluationPoint::kEpochEnd) {
+      core::log_info("***** Evaluating reward, Epoch ", before ? 0 : at.epoch + 1, "/",
+                     config.common.num_train_epochs, " *****");
+    }
+    memory.enter("evaluating accuracy", MemoryAdvice::kEvaluate);
+    const RewardEvaluation e = evaluate_reward_model(model, phase.eval, config.per_device_eval_batch_size,
+                                                     config.eval_iters, pad, npb, context);
+    memory.enter("training", MemoryAdvice::kTrain);
+    engine.release_gathered_parameters();
+    log_evaluation(e);
+    metrics.write("rm", at.step, {{"eval_acc", e.accuracy}, {"eval_chosen", e.chosen_score},
+                                  {"eval_rejected", e.rejected_score}});
+    if (at.point != EvaluationPoint::kInterval) {
+      (before ? result.before : result.after) = e;
+      return;
+    }
+    core::log_info("Iter ", at.step, ": c_scores: ", e.chosen_score, ", r_scores: ", e.rejected_score,
+                   ", diff: ", e.chosen_score - e.rejected_score, ", acc: ", e.accuracy);
+  };
+  loop.on_epoch_end = [&](const EpochDone& done) {
+    result.mean_train_loss = all_reduce_mean(context, done.mean_loss);
+    core::log_info("Epoch ", done.epoch + 1, "/", config.common.num_train_epochs, " with loss ",
+                   result.mean_train_loss);
+  };
+  loop.epoch_batches = [&](int64_t epoch) {
+    return data::EpochBatches<data::RewardBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
       return data::collate_reward(phase.train, items, {pad, std::nullopt});
     });
-    int64_t batch_index = 0, loss_count = 0;
-    double loss_sum = 0.0, window_loss = 0.0;
-    auto step_start = Clock::now();
-    while (auto batch = batches.next()) {
-      if (batch_index++ < skip_batches) continue;
-      torch::Tensor values = model->forward(batch->input_ids, batch->attention_mask);  // [2B, T]
-      RewardLossOutput out = reward_pairwise_loss(batch->input_ids, values, pad, npb, config.common.compute_fp32_loss);
-      engine.backward(out.loss);
-      const double loss = out.loss.item<double>();
-      loss_sum += loss;
-      ++loss_count;
-      window_loss += loss / static_cast<double>(gas);
-      const bool boundary = engine.is_gradient_accumulation_boundary();
-      engine.step();
-      if (!boundary) continue;
-      const int64_t step = engine.global_steps();
-      const double step_seconds = seconds_since(step_start);
-      metrics.write("rm", step, {{"loss", all_reduce_mean(context, window_loss)},
-                                 {"lr", engine.learning_rates().front()}});
-      if (rank == 0 && config.common.print_interval > 0 && step % config.common.print_interval == 0) {
-        core::log_info(training_throughput_line(model->config(), 2 * micro * gas, batch->input_ids.size(1),
-                                                step_seconds, config.model.gradient_checkpointing,
-                                                config.model.lora_dim, world));
-      }
-      progress.update(step, "loss " + std::to_string(window_loss));
-      window_loss = 0.0;
-      if (config.eval_interval > 0 && step % config.eval_interval == 0) {
-        RewardEvaluation e = evaluate(step);
-        core::log_info("Iter ", step, ": c_scores: ", e.chosen_score, ", r_scores: ", e.rejected_score,
-                       ", diff: ", e.chosen_score - e.rejected_score, ", acc: ", e.accuracy);
-      }
-      runner.after_optimizer_step(step, [&] {
-        engine.save_checkpoint(runner.checkpoint_dir(), "", client_state(epoch, batch_index));
-      });
-      step_start = Clock::now();
-    }
-    skip_batches = 0;
-    result.mean_train_loss = all_reduce_mean(context, loss_count > 0 ? loss_sum / static_cast<double>(loss_count) : 0.0);
-    core::log_info("Epoch ", epoch + 1, "/", config.common.num_train_epochs, " with loss ", result.mean_train_loss);
-    core::log_info("***** Evaluating reward, Epoch ", epoch + 1, "/", config.common.num_train_epochs, " *****");
-    result.after = evaluate(engine.global_steps());
-    if (engine.is_gradient_accumulation_boundary()) {
-      engine.save_checkpoint(runner.checkpoint_dir(), "", client_state(epoch + 1, 0));
-    }
-  }
-  progress.finish();
-  if (start_epoch >= config.common.num_train_epochs) result.after = evaluate(engine.global_steps());  // resumed at the end
-  result.optimizer_steps = engine.global_steps();
-  result.seconds = seconds_since(start);
-  save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
-  runner.finish();
+  };
+  loop.train_micro_batch = [&](const data::RewardBatch& batch) {
+    torch::Tensor values = model->forward(batch.input_ids, batch.attention_mask);  // [2B, T]
+    return reward_pairwise_loss(batch.input_ids, values, pad, npb, config.common.compute_fp32_loss).loss;  // []
+  };
+  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::RewardBatch& batch) {
+    metrics.write("rm", done.step, {{"loss", all_reduce_mean(context, done.window_loss)},
+                                    {"lr", engine.learning_rates().front()}});
+    // A pair is two rows: chosen and rejected.
+    log_step_throughput(done, 2 * micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
+                        context);
+    return "loss " + std::to_string(done.window_loss);
+  };
+  loop.save_model = [&] {
+    result.optimizer_steps = engine.global_steps();
+    result.seconds = seconds_since(start);
+    save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
+  };
+  loop.run(runner, engine);
   return result;
 }
 

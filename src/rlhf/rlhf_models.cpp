@@ -1,9 +1,9 @@
-#include "rlhf/rlhf_models.h"
+#include "dschat/rlhf/rlhf_models.h"
 
 #include "core/log.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/rlhf/ppo_math.h"
-#include "rlhf/step_setup.h"
+#include "dschat/rlhf/step_setup.h"
 
 namespace dschat {
 namespace rlhf {
@@ -21,15 +21,15 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   const std::string where = "step 3 (PPO)";
   const int64_t world = context_world(context);
   RlhfModels models;
-  inference::LoadOptions load;
+  models::LoadOptions load;
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
 
   // Every copy of a randomly initialised model must start equal: reseed before each load.
   torch::manual_seed(config.common.seed);
-  inference::LoadOptions actor_load = load;
+  models::LoadOptions actor_load = load;
   actor_load.dropout = config.actor.dropout;
-  models::CausalLM actor = inference::load_causal_lm(config.actor_model_name_or_path, actor_load);
+  models::CausalLM actor = models::load_causal_lm(config.actor_model_name_or_path, actor_load);
   actor->backbone().set_gradient_checkpointing(config.actor.gradient_checkpointing);
   torch::manual_seed(config.common.seed + 1);  // the adapters' initial values
   apply_lora(*actor, config.actor, config.common.only_optimize_lora);
@@ -51,12 +51,12 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   models.actor = std::make_unique<hybrid::HybridEngine>(actor, std::move(actor_options));
 
   torch::manual_seed(config.common.seed);
-  models.ref = inference::load_causal_lm(config.actor_model_name_or_path, load);
+  models.ref = models::load_causal_lm(config.actor_model_name_or_path, load);
   freeze(*models.ref);
 
   if (config.enable_ema) {
     torch::manual_seed(config.common.seed);
-    models.ema = inference::load_causal_lm(config.actor_model_name_or_path, load);
+    models.ema = models::load_causal_lm(config.actor_model_name_or_path, load);
     // Same adapters as the actor's (DS-Chat gives the EMA fresh ones: only their effect, a zero
     // delta, matches); names must match for the average.
     torch::manual_seed(config.common.seed + 1);
@@ -64,10 +64,10 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
     freeze(*models.ema);
   }
 
-  inference::LoadOptions critic_load = load;
+  models::LoadOptions critic_load = load;
   critic_load.dropout = config.critic.dropout;
   torch::manual_seed(config.common.seed + 2);
-  models.critic = inference::load_value_model(config.critic_model_name_or_path, critic_load);
+  models.critic = models::load_value_model(config.critic_model_name_or_path, critic_load);
   models.critic->backbone().set_gradient_checkpointing(config.critic.gradient_checkpointing);
   torch::manual_seed(config.common.seed + 3);
   apply_lora(*models.critic, config.critic, config.common.only_optimize_lora, {"v_head.weight"});
@@ -77,7 +77,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
                                               where + ": critic");
 
   torch::manual_seed(config.common.seed + 2);
-  models.reward = inference::load_value_model(config.critic_model_name_or_path, load);
+  models.reward = models::load_value_model(config.critic_model_name_or_path, load);
   freeze(*models.reward);
   return models;
 }

@@ -2,19 +2,12 @@
 
 #include <string>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
 namespace rlhf {
-namespace {
-
-std::string shape_of(const torch::Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + "]";
-}
-
-}  // namespace
+using core::shape_of;
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
   DSCHAT_CHECK(logits.defined() && logits.dim() == 3, InvalidArgument,

@@ -1,28 +1,29 @@
 #include "dschat/rlhf/sft_trainer.h"
 
-#include <chrono>
-#include <cmath>
-
+#include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/data/collate.h"
 #include "dschat/data/epoch_batches.h"
-#include "dschat/inference/model_loader.h"
-#include "dschat/rlhf/metrics_log.h"
-#include "dschat/rlhf/progress.h"
+#include "dschat/models/load_save.h"
+#include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/sft_loss.h"
 #include "rlhf/memory_hint.h"
-#include "rlhf/step_runner.h"
-#include "rlhf/step_setup.h"
-#include "rlhf/throughput.h"
+#include "dschat/rlhf/step_runner.h"
+#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/supervised_loop.h"
 
 namespace dschat {
 namespace rlhf {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Names the step in messages and in out-of-memory errors.
+constexpr char kStep[] = "step 1 (SFT)";
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+using Clock = core::SteadyClock;
+using core::seconds_since;
+
+data::SftLossTokens loss_tokens_of(const SftConfig& config) {
+  return config.answer_only_loss ? data::SftLossTokens::kAnswerOnly : data::SftLossTokens::kPromptAndAnswer;
 }
 
 // Mean over the eval batches of the per-batch mean loss, then over ranks (step 1's evaluation).
@@ -34,9 +35,7 @@ double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, co
   data::EpochBatches<data::SftBatch> batches(sampler, 0, config.per_device_eval_batch_size, false,
                                              [&](const std::vector<int64_t>& items) {
                                                return data::collate_sft(eval, items, {pad, std::nullopt},
-                                                                        config.answer_only_loss
-                                                                            ? data::SftLossTokens::kAnswerOnly
-                                                                            : data::SftLossTokens::kPromptAndAnswer);
+                                                                        loss_tokens_of(config));
                                              });
   double sum = 0.0;
   int64_t count = 0;
@@ -62,7 +61,7 @@ namespace {
 
 SftResult run_sft_phases(const SftConfig& config, const StepContext& context, MemoryPhase& memory) {
   const auto start = Clock::now();
-  const std::string where = "step 1 (SFT)";
+  const std::string where = kStep;
   const int64_t rank = context_rank(context), world = context_world(context);
   StepRunner runner(where, config.output_dir, config.common, context);
   torch::manual_seed(config.common.seed);
@@ -77,11 +76,11 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
     eot = config.eot_token;
   }
 
-  inference::LoadOptions load;
+  models::LoadOptions load;
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
-  models::CausalLM model = inference::load_causal_lm(config.model_name_or_path, load);
+  models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
   model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
   apply_lora(*model, config.model, config.common.only_optimize_lora);
@@ -98,106 +97,75 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   std::unique_ptr<engine::TrainingEngine> engine_owner =
       make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
   engine::TrainingEngine& engine = *engine_owner;
-  MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
-  auto evaluate = [&] {
-    memory.enter("evaluating perplexity", MemoryAdvice::kEvaluate);
-    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, context);
-    memory.enter("training", MemoryAdvice::kTrain);
-    return loss;
-  };
+  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   memory.enter("training", MemoryAdvice::kTrain);
 
   SftResult result;
-  int64_t start_epoch = 0, skip_batches = 0;
-  if (runner.can_resume()) {
-    const nlohmann::json state = engine.load_checkpoint(runner.checkpoint_dir());
-    start_epoch = state.at("epoch").get<int64_t>();
-    skip_batches = state.at("batch").get<int64_t>();
-    result.eval_loss_before = state.at("eval_loss_before").get<double>();
+  SupervisedLoop<data::SftBatch> loop;
+  loop.use_step_config(config.common, context);
+  loop.progress_label = "SFT";
+  loop.progress_total = total_steps;
+  loop.on_resume = [&](const ResumePoint& at) {
+    result.eval_loss_before = at.client_state.at("eval_loss_before").get<double>();
+    result.eval_ppl_before = perplexity(static_cast<float>(result.eval_loss_before));
     result.resumed = true;
-    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", start_epoch,
-                   ", micro-batch ", skip_batches, " (optimizer step ", engine.global_steps(), ")");
-  } else {
-    core::log_info("***** Running training *****");
-    core::log_info("***** Evaluating perplexity, Epoch 0/", config.common.num_train_epochs, " *****");
-    result.eval_loss_before = evaluate();
-    core::log_info("ppl: ", perplexity(static_cast<float>(result.eval_loss_before)),
-                   ", loss: ", result.eval_loss_before);
-    metrics.write("sft", 0, {{"eval_loss", result.eval_loss_before},
-                             {"eval_ppl", perplexity(static_cast<float>(result.eval_loss_before))}});
-  }
-  result.eval_ppl_before = perplexity(static_cast<float>(result.eval_loss_before));
-
-  const data::SftLossTokens loss_tokens =
-      config.answer_only_loss ? data::SftLossTokens::kAnswerOnly : data::SftLossTokens::kPromptAndAnswer;
-  Progress progress("SFT", total_steps, config.common.print_interval, !context.progress);
-  for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
-    core::log_info("Beginning of Epoch ", epoch + 1, "/", config.common.num_train_epochs,
-                   ", Total Micro Batches ", batches_per_epoch);
-    data::EpochBatches<data::SftBatch> batches(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens);
+    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", at.epoch,
+                   ", micro-batch ", at.micro_batch, " (optimizer step ", engine.global_steps(), ")");
+  };
+  loop.client_state = [&] { return nlohmann::json{{"eval_loss_before", result.eval_loss_before}}; };
+  loop.evaluate = [&](const EvaluationRequest& at) {
+    const bool before = at.point == EvaluationPoint::kBeforeTraining;
+    if (before) core::log_info("***** Running training *****");
+    if (at.point != EvaluationPoint::kResumedAtEnd) {  // which only re-measures the summary's figures
+      core::log_info("***** Evaluating perplexity, Epoch ", before ? 0 : at.epoch + 1, "/",
+                     config.common.num_train_epochs, " *****");
+    }
+    memory.enter("evaluating perplexity", MemoryAdvice::kEvaluate);
+    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    memory.enter("training", MemoryAdvice::kTrain);
+    const double ppl = perplexity(static_cast<float>(loss));
+    (before ? result.eval_loss_before : result.eval_loss_after) = loss;
+    (before ? result.eval_ppl_before : result.eval_ppl_after) = ppl;
+    if (at.point == EvaluationPoint::kResumedAtEnd) return;
+    core::log_info("ppl: ", ppl, ", loss: ", loss);
+    metrics.write("sft", at.step, {{"eval_loss", loss}, {"eval_ppl", ppl}});
+  };
+  loop.epoch_batches = [&](int64_t epoch) {
+    return data::EpochBatches<data::SftBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
+      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens_of(config));
     });
-    int64_t batch_index = 0;
-    double window_loss = 0.0;
-    auto step_start = Clock::now();
-    while (auto batch = batches.next()) {
-      if (batch_index++ < skip_batches) continue;
-      torch::Tensor logits = model->forward(batch->input_ids, batch->attention_mask);  // [B, T, V]
-      torch::Tensor loss = causal_lm_loss(logits, batch->labels);                      // []
-      engine.backward(loss);
-      window_loss += loss.item<double>() / static_cast<double>(gas);
-      if (config.print_loss) core::log_info("Epoch: ", epoch, ", Step: ", batch_index - 1, ", Rank: ", rank,
-                                            ", loss = ", loss.item<double>());
-      const bool boundary = engine.is_gradient_accumulation_boundary();
-      engine.step();
-      if (!boundary) continue;
-      const double step_seconds = seconds_since(step_start);
-      const int64_t step = engine.global_steps();
-      const double mean_loss = all_reduce_mean(context, window_loss);
-      metrics.write("sft", step, {{"loss", mean_loss},
-                                  {"lr", engine.learning_rates().front()},
-                                  {"samples_per_sec", static_cast<double>(micro * gas * world) / step_seconds}});
-      if (rank == 0 && config.common.print_interval > 0 && step % config.common.print_interval == 0) {
-        core::log_info(training_throughput_line(model->config(), micro * gas, batch->input_ids.size(1), step_seconds,
-                                                config.model.gradient_checkpointing, config.model.lora_dim, world));
-      }
-      progress.update(step, "loss " + std::to_string(mean_loss));
-      window_loss = 0.0;
-      runner.after_optimizer_step(step, [&] {
-        engine.save_checkpoint(runner.checkpoint_dir(), "",
-                               {{"epoch", epoch}, {"batch", batch_index}, {"eval_loss_before", result.eval_loss_before}});
-      });
-      step_start = Clock::now();
-    }
-    skip_batches = 0;
-    core::log_info("***** Evaluating perplexity, Epoch ", epoch + 1, "/", config.common.num_train_epochs, " *****");
-    result.eval_loss_after = evaluate();
-    result.eval_ppl_after = perplexity(static_cast<float>(result.eval_loss_after));
-    core::log_info("ppl: ", result.eval_ppl_after, ", loss: ", result.eval_loss_after);
-    metrics.write("sft", engine.global_steps(), {{"eval_loss", result.eval_loss_after},
-                                                 {"eval_ppl", result.eval_ppl_after}});
-    if (engine.is_gradient_accumulation_boundary()) {
-      engine.save_checkpoint(runner.checkpoint_dir(), "",
-                             {{"epoch", epoch + 1}, {"batch", 0}, {"eval_loss_before", result.eval_loss_before}});
-    }
-  }
-  progress.finish();
-  if (start_epoch >= config.common.num_train_epochs) {  // resumed after the last epoch's checkpoint
-    result.eval_loss_after = evaluate();
-    result.eval_ppl_after = perplexity(static_cast<float>(result.eval_loss_after));
-  }
-  result.optimizer_steps = engine.global_steps();
-  result.seconds = seconds_since(start);
-  core::log_info("saving the final model ...");
-  save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
-  runner.finish();
+  };
+  loop.train_micro_batch = [&](const data::SftBatch& batch) {
+    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
+    return causal_lm_loss(logits, batch.labels);                                    // []
+  };
+  loop.after_backward = [&](const MicroBatchDone& done) {
+    if (config.print_loss) core::log_info("Epoch: ", done.epoch, ", Step: ", done.index, ", Rank: ", rank,
+                                          ", loss = ", done.loss);
+  };
+  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::SftBatch& batch) {
+    const double mean_loss = all_reduce_mean(context, done.window_loss);
+    metrics.write("sft", done.step, {{"loss", mean_loss},
+                                     {"lr", engine.learning_rates().front()},
+                                     {"samples_per_sec", static_cast<double>(micro * gas * world) / done.seconds}});
+    log_step_throughput(done, micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
+                        context);
+    return "loss " + std::to_string(mean_loss);
+  };
+  loop.save_model = [&] {
+    result.optimizer_steps = engine.global_steps();
+    result.seconds = seconds_since(start);
+    core::log_info("saving the final model ...");
+    save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
+  };
+  loop.run(runner, engine);
   return result;
 }
 
 }  // namespace
 
 SftResult run_sft(const SftConfig& config, const StepContext& context) {
-  MemoryPhase memory{"step 1 (SFT)", config.model_name_or_path};
+  MemoryPhase memory{kStep, config.model_name_or_path};
   return with_memory_hint(memory, [&] { return run_sft_phases(config, context, memory); });
 }
 

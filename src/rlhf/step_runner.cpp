@@ -1,15 +1,25 @@
-#include "rlhf/step_runner.h"
+#include "dschat/rlhf/step_runner.h"
 
+#include <atomic>
 #include <fstream>
 
 #include "core/json_object.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
-#include "rlhf/step_setup.h"
+#include "rlhf/step_runner_testing.h"
+#include "dschat/rlhf/step_setup.h"
 
 namespace dschat {
 namespace rlhf {
 namespace fs = std::filesystem;
+
+namespace {
+std::atomic<int64_t> crash_after_steps_for_testing{0};
+}  // namespace
+
+namespace testing {
+void set_crash_after_optimizer_steps(int64_t steps) { crash_after_steps_for_testing.store(steps); }
+}  // namespace testing
 
 fs::path summary_file(const fs::path& output_dir) { return output_dir / "training_summary.json"; }
 
@@ -42,7 +52,8 @@ void StepRunner::after_optimizer_step(int64_t optimizer_steps, const std::functi
                       "; the run resumes from " + checkpoint_dir_.string());
   }
   if (common_.checkpoint_interval > 0 && optimizer_steps % common_.checkpoint_interval == 0) save();
-  if (context_.crash_after_steps > 0 && optimizer_steps >= context_.crash_after_steps) {
+  const int64_t crash_after = crash_after_steps_for_testing.load();
+  if (crash_after > 0 && optimizer_steps >= crash_after) {
     throw Interrupted(name_ + ": test crash after optimizer step " + std::to_string(optimizer_steps));
   }
 }

@@ -1,11 +1,12 @@
-#include "rlhf/step_setup.h"
+#include "dschat/rlhf/step_setup.h"
 
 #include <unistd.h>
 
 #include "core/log.h"
+#include "dschat/core/dtype.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_export.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/model_source.h"
 #include "dschat/nn/lora.h"
 #include "io/atomic_file.h"
@@ -23,10 +24,9 @@ int64_t context_world(const StepContext& context) {
 }
 
 torch::ScalarType step_dtype(const std::string& dtype, const std::string& where) {
-  if (dtype == "fp16") return torch::kFloat16;
-  if (dtype == "bf16") return torch::kBFloat16;
-  if (dtype == "fp32") return torch::kFloat32;
-  DSCHAT_THROW(ConfigError, where, ": key 'dtype' must be fp16, bf16 or fp32, got '", dtype, "'");
+  const std::optional<torch::ScalarType> parsed = core::dtype_from_name(dtype);
+  DSCHAT_CHECK(parsed.has_value(), ConfigError, where, ": key 'dtype' must be fp16, bf16 or fp32, got '", dtype, "'");
+  return *parsed;
 }
 
 engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero_stage, int64_t micro_batch,
@@ -99,8 +99,8 @@ int64_t optimizer_steps_for(int64_t epochs, int64_t batches_per_epoch, int64_t g
   return epochs * ((batches_per_epoch + gas - 1) / gas);
 }
 
-MetricsLogOptions metrics_log_options(const CommonStepConfig& common, const StepContext& context) {
-  MetricsLogOptions options;
+monitor::MetricsLogOptions metrics_log_options(const CommonStepConfig& common, const StepContext& context) {
+  monitor::MetricsLogOptions options;
   options.tensorboard = common.enable_tensorboard;
   options.tensorboard_dir = common.tensorboard_path;
   options.rank0 = context_rank(context) == 0;
@@ -188,7 +188,7 @@ std::map<std::string, torch::Tensor> module_parameters(torch::nn::Module& module
 
 void write_model_dir(const std::map<std::string, torch::Tensor>& params, const core::ModelConfig& config,
                      const tokenizer::Tokenizer& tokenizer, const fs::path& dir) {
-  inference::save_model_tensors(params, config, dir);
+  models::save_model_tensors(params, config, dir);
   std::error_code ec;
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                            "merges.txt", "added_tokens.json", "tokenizer.model"}) {

@@ -7,7 +7,7 @@
 
 #include "cuda/cuda_cases.h"
 #include "dschat/inference/inference_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 #include "model_fixtures.h"
 
@@ -32,9 +32,9 @@ TEST_P(InferenceEngineCuda, GraphReplayGivesTheEagerGreedyIds) {
   torch::Tensor ids = io::load_npy(dir() / "expected" / "input_ids.npy").to(torch::kCUDA);        // [B, T]
   torch::Tensor mask = io::load_npy(dir() / "expected" / "attention_mask.npy").to(torch::kCUDA);  // [B, T]
   torch::Tensor expected = io::load_npy(dir() / "expected" / "greedy.npy");                       // [B, T + N]
-  inference::LoadOptions load;
+  models::LoadOptions load;
   load.device = torch::kCUDA;
-  auto model = inference::load_causal_lm(dir().string(), load);
+  auto model = models::load_causal_lm(dir().string(), load);
   inference::InferenceEngine eager(model, engine_options(false));
   inference::InferenceEngine graphs(model, engine_options(true));
   core::GenerationConfig config;

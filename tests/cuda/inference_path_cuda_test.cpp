@@ -10,7 +10,7 @@
 #include "cuda/cuda_cases.h"
 #include "dschat/inference/generate.h"
 #include "dschat/inference/kv_cache.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 #include "model_fixtures.h"
 
@@ -39,9 +39,9 @@ TEST_P(InferencePathCuda, GreedyIdsMatchTransformers) {
   torch::Tensor ids = io::load_npy(dir() / "expected" / "input_ids.npy").to(torch::kCUDA);        // [B, T]
   torch::Tensor mask = io::load_npy(dir() / "expected" / "attention_mask.npy").to(torch::kCUDA);  // [B, T]
   torch::Tensor expected = io::load_npy(dir() / "expected" / "greedy.npy");                       // [B, T + N]
-  inference::LoadOptions options;
+  models::LoadOptions options;
   options.device = torch::kCUDA;
-  auto model = inference::load_causal_lm(dir().string(), options);
+  auto model = models::load_causal_lm(dir().string(), options);
   core::GenerationConfig config;
   config.max_new_tokens = expected.size(1) - ids.size(1);
   auto result = inference::generate(model, ids, mask, config);
@@ -54,10 +54,10 @@ TEST_P(InferencePathCuda, FusedKernelsMatchTheAutogradPath) {
   torch::Tensor keep = mask.cpu().to(torch::kBool);
   for (auto [dtype, tolerance] :
        {std::pair{torch::kFloat32, 1e-4}, std::pair{torch::kFloat16, 1e-2}, std::pair{torch::kBFloat16, 0.06}}) {
-    inference::LoadOptions options;
+    models::LoadOptions options;
     options.dtype = dtype;
     options.device = torch::kCUDA;
-    auto model = inference::load_causal_lm(dir().string(), options);
+    auto model = models::load_causal_lm(dir().string(), options);
     torch::Tensor fused;
     {
       torch::NoGradGuard no_grad;

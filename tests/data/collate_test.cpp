@@ -40,6 +40,90 @@ TEST(Collate, RewardPutsAllChosenRowsFirst) {
   EXPECT_TRUE(torch::equal(batch.attention_mask.sum(1), torch::tensor({3, 2, 4, 3})));
 }
 
+TEST(Collate, RewardCarriesEachPairsPromptLength) {
+  data::TokenizedDataset d(data::PhaseKind::kReward);
+  std::vector<int64_t> c0 = {2, 5, 6}, r0 = {2, 5, 7, 8}, c1 = {2, 9}, r1 = {2, 9, 9};
+  d.append({&c0, &r0}, 2);
+  d.append({&c1, &r1}, 1);
+  EXPECT_EQ(d.prompt_length(0), 2);
+  EXPECT_EQ(d.prompt_length(1), 1);
+  const std::vector<int64_t> items = {1, 0, 1};
+  auto batch = data::collate_reward(d, items, {0, std::nullopt});
+  ASSERT_EQ(batch.prompt_lengths.dim(), 1);
+  EXPECT_EQ(batch.prompt_lengths.size(0), 3);  // [B]: one per pair, not one per row
+  EXPECT_EQ(batch.prompt_lengths.dtype(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(batch.prompt_lengths, torch::tensor({1, 2, 1})));
+  // Right padding: the prompt is the head of both rows of a pair, no padding before it.
+  for (int64_t k = 0; k < 3; ++k) {
+    const int64_t length = batch.prompt_lengths[k].item<int64_t>();
+    EXPECT_TRUE(torch::equal(batch.input_ids[k].slice(0, 0, length), batch.input_ids[k + 3].slice(0, 0, length)));
+    EXPECT_EQ(batch.attention_mask[k].slice(0, 0, length).sum().item<int64_t>(), length);
+  }
+  // The lengths survive the file and blending.
+  testing::TempDir tmp;
+  d.save(tmp / "pairs.dstok");
+  auto loaded = data::TokenizedDataset::load(tmp / "pairs.dstok");
+  EXPECT_EQ(loaded.prompt_length(0), 2);
+  EXPECT_EQ(loaded.prompt_length(1), 1);
+  auto blended = data::TokenizedDataset::concatenate({&d, &loaded}, {3, 0});
+  EXPECT_EQ(blended.prompt_length(0), 1);
+  EXPECT_EQ(blended.prompt_length(1), 2);
+  EXPECT_THROW_WITH(d.append({&c0, &r0}, -1), core::InvalidArgument, "prompt length -1");
+}
+
+TEST(Collate, BatchesMoveToADevice) {
+  auto sft_data = sft_rows();
+  const data::SftBatch sft = data::collate_sft(sft_data, {0, 1}, {1, std::nullopt});
+  data::TokenizedDataset pairs(data::PhaseKind::kReward);
+  std::vector<int64_t> c = {2, 5, 6}, r = {2, 5, 7, 8};
+  pairs.append({&c, &r}, 2);
+  const data::RewardBatch reward = data::collate_reward(pairs, {0}, {0, std::nullopt});
+  data::TokenizedDataset prompt_data(data::PhaseKind::kPrompt);
+  prompt_data.append({&c});
+  const data::PromptBatch prompts = data::collate_prompts(prompt_data, {0}, 1, 4);
+
+  for (bool non_blocking : {false, true}) {
+    const data::SftBatch sft_moved = sft.to(torch::kCPU, non_blocking);
+    const data::RewardBatch reward_moved = reward.to(torch::kCPU, non_blocking);
+    const data::PromptBatch prompts_moved = prompts.to(torch::Device(torch::kCPU), non_blocking);
+    const std::vector<std::pair<const torch::Tensor*, const torch::Tensor*>> fields = {
+        {&sft.input_ids, &sft_moved.input_ids},          {&sft.attention_mask, &sft_moved.attention_mask},
+        {&sft.labels, &sft_moved.labels},                {&reward.input_ids, &reward_moved.input_ids},
+        {&reward.attention_mask, &reward_moved.attention_mask},
+        {&reward.prompt_lengths, &reward_moved.prompt_lengths},
+        {&prompts.input_ids, &prompts_moved.input_ids},  {&prompts.attention_mask, &prompts_moved.attention_mask}};
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const torch::Tensor& before = *fields[i].first;
+      const torch::Tensor& after = *fields[i].second;
+      ASSERT_TRUE(after.defined()) << "field " << i;
+      EXPECT_EQ(after.device(), torch::Device(torch::kCPU)) << "field " << i;
+      EXPECT_EQ(after.dtype(), before.dtype()) << "field " << i;
+      EXPECT_EQ(after.sizes(), before.sizes()) << "field " << i;
+      EXPECT_TRUE(torch::equal(after, before)) << "field " << i;
+      // LibTorch's to() returns the tensor itself when the device already matches: nothing copied.
+      EXPECT_TRUE(after.is_same(before)) << "field " << i;
+    }
+  }
+
+  // Undefined fields stay undefined; other dtypes are kept.
+  data::SftBatch partial;
+  partial.input_ids = torch::arange(6, torch::kFloat32).view({2, 3});  // [2, 3] float32
+  data::SftBatch partial_moved = partial.to(torch::kCPU);
+  EXPECT_EQ(partial_moved.input_ids.dtype(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(partial_moved.input_ids, partial.input_ids));
+  EXPECT_FALSE(partial_moved.attention_mask.defined());
+  EXPECT_FALSE(partial_moved.labels.defined());
+  data::RewardBatch reward_partial;
+  reward_partial.input_ids = torch::ones({2, 3}, torch::kInt64);  // [2B, T] int64, B = 1
+  EXPECT_FALSE(reward_partial.to(torch::kCPU).prompt_lengths.defined());
+  const data::PromptBatch empty_moved = data::PromptBatch{}.to(torch::kCPU);
+  EXPECT_FALSE(empty_moved.input_ids.defined());
+  EXPECT_FALSE(empty_moved.attention_mask.defined());
+  // The result is its own struct: replacing one of its fields leaves the original alone.
+  partial_moved.input_ids = torch::zeros({1}, torch::kFloat32);
+  EXPECT_EQ(partial.input_ids.numel(), 6);
+}
+
 TEST(Collate, PromptsAreLeftPaddedToExactlyMaxPromptLength) {
   data::TokenizedDataset d(data::PhaseKind::kPrompt);
   std::vector<int64_t> a = {2, 7, 8}, b = {2, 9};

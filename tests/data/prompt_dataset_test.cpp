@@ -3,11 +3,15 @@
 // plus the content-keyed cache, the memory mapping and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dschat/data/collate.h"
 #include "dschat/data/prompt_dataset.h"
+#include "dschat/data/split.h"
 #include "dschat/tokenizer/tokenizer.h"
+#include "dstok_writer.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -154,6 +158,99 @@ TEST(PromptDataset, Phase3PromptsMatchDeepSpeedChatAndLongOnesAreCountedSlow) {
   EXPECT_EQ(items_of(data.eval), expected["eval"]);
   EXPECT_GT(data.stats["datasets"][0]["train"]["prompts_too_long"].get<int64_t>(), 0);
   EXPECT_EQ(data.stats["datasets"][0]["train"]["items"].get<int64_t>(), data.train.size());
+}
+
+TEST(PromptDataset, Phase2PairsKeepTheirPromptLength) {
+  Fixture f;
+  auto o = f.options(2);  // max_seq_len 16: some prompts of the slice fit, some are longer
+  o.data_path.resize(1);  // local/jsonfile alone: no blending, items in phase-slice order
+  auto data = data::create_prompt_dataset(o, f.tokenizer);
+
+  data::RawDatasetOptions raw_options;
+  raw_options.seed = o.seed;
+  const data::DatasetFiles files = data::locate_dataset(o.data_path[0], raw_options);
+  const data::RawDataset raw = data::load_raw_dataset(o.data_path[0], files, raw_options);
+  tokenizer::BatchOptions truncating;
+  truncating.padding = tokenizer::Padding::kNone;
+  truncating.truncation = true;
+  truncating.max_length = static_cast<size_t>(o.max_seq_len);
+  int64_t whole = 0, capped = 0;
+  auto check = [&](const std::vector<data::PromptRecord>& records, const data::TokenizedDataset& pairs) {
+    // The phase's records as DeepSpeed-Chat takes them: its slice in permutation order, without
+    // records that lack PC or PR.
+    std::vector<const data::PromptRecord*> kept;
+    for (int64_t index : data::phase_indices(o.data_split, 1, o.seed, static_cast<int64_t>(records.size()))) {
+      if (records[index].prompt_and_chosen && records[index].prompt_and_rejected) kept.push_back(&records[index]);
+    }
+    ASSERT_EQ(static_cast<int64_t>(kept.size()), pairs.size());
+    for (int64_t i = 0; i < pairs.size(); ++i) {
+      // Item i is record kept[i]'s pair (the checks below rely on it).
+      const auto chosen = f.tokenizer.encode_batch({*kept[i]->prompt_and_chosen + o.end_of_conversation_token},
+                                                   truncating).input_ids[0];
+      ASSERT_EQ(std::vector<int64_t>(pairs.sequence(i, 0).begin(), pairs.sequence(i, 0).end()), chosen) << i;
+      const std::vector<int64_t> prompt = f.tokenizer.encode(*kept[i]->prompt);  // alone, untruncated
+      if (static_cast<int64_t>(prompt.size()) > o.max_seq_len) {
+        EXPECT_EQ(pairs.prompt_length(i), o.max_seq_len) << i;  // truncated like the rows
+        ++capped;
+        continue;
+      }
+      ++whole;
+      EXPECT_EQ(pairs.prompt_length(i), static_cast<int32_t>(prompt.size())) << i;
+      for (int field = 0; field < 2; ++field) {  // both rows start with exactly the prompt's tokens
+        const data::TokenSpan row = pairs.sequence(i, field);
+        ASSERT_GE(row.size, static_cast<int64_t>(prompt.size())) << i;
+        EXPECT_EQ(std::vector<int64_t>(row.begin(), row.begin() + prompt.size()), prompt) << i << " field " << field;
+      }
+    }
+  };
+  check(raw.train, data.train);
+  check(raw.eval, data.eval);
+  EXPECT_GT(whole, 0);
+  EXPECT_GT(capped, 0);
+
+  // The batch carries them: [B], the value of each pair.
+  const std::vector<int64_t> items = {2, 0, 1};
+  auto batch = data::collate_reward(data.train, items, {0, std::nullopt});
+  ASSERT_EQ(batch.prompt_lengths.dim(), 1);
+  ASSERT_EQ(batch.prompt_lengths.size(0), 3);
+  for (size_t k = 0; k < items.size(); ++k) {
+    EXPECT_EQ(batch.prompt_lengths[k].item<int64_t>(), data.train.prompt_length(items[k]));
+  }
+  // The cache entry keeps them.
+  auto cached = data::create_prompt_dataset(o, f.tokenizer);
+  ASSERT_TRUE(cached.from_cache);
+  for (int64_t i = 0; i < data.train.size(); ++i) {
+    EXPECT_EQ(cached.train.prompt_length(i), data.train.prompt_length(i)) << i;
+  }
+
+  // Blended datasets keep each pair's own length: its rows share that many leading tokens.
+  auto blended = data::create_prompt_dataset(f.options(2), f.tokenizer);
+  for (int64_t i = 0; i < blended.train.size(); ++i) {
+    const int32_t length = blended.train.prompt_length(i);
+    EXPECT_GT(length, 1) << i;
+    EXPECT_LE(length, 16) << i;
+    const data::TokenSpan chosen = blended.train.sequence(i, 0), rejected = blended.train.sequence(i, 1);
+    ASSERT_LE(length, std::min(chosen.size, rejected.size)) << i;
+    EXPECT_TRUE(std::equal(chosen.begin(), chosen.begin() + length, rejected.begin())) << i;
+  }
+}
+
+TEST(PromptDataset, Phase2CacheWithoutPromptLengthsIsRebuilt) {
+  Fixture f;
+  auto first = data::create_prompt_dataset(f.options(2), f.tokenizer);
+  // Entries at this key as a build before prompt lengths wrote them (that build's key differed
+  // too: kCacheFormatVersion went from 1 to 2, so such entries are normally never looked up).
+  testing::write_dstok(first.train_file, first.train, 1);
+  testing::write_dstok(first.eval_file, first.eval, 1);
+  EXPECT_THROW_WITH(data::TokenizedDataset::load(first.train_file), core::FormatError, "version-1 reward file");
+  auto rebuilt = data::create_prompt_dataset(f.options(2), f.tokenizer);
+  EXPECT_FALSE(rebuilt.from_cache);
+  EXPECT_EQ(items_of(rebuilt.train), items_of(first.train));
+  for (int64_t i = 0; i < first.train.size(); ++i) {
+    EXPECT_EQ(rebuilt.train.prompt_length(i), first.train.prompt_length(i)) << i;
+  }
+  auto again = data::create_prompt_dataset(f.options(2), f.tokenizer);
+  EXPECT_TRUE(again.from_cache);  // the rebuilt entry is current
 }
 
 TEST(PromptDataset, CacheIsKeyedOnContentsAndMapped) {

@@ -13,19 +13,19 @@
 //   async_gather  start_all_gather_into: overlapping handles, waited out of order, twice, moved,
 //                 and destroyed unwaited
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dschat/core/error.h"
-#include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
+#include "../worker_args.h"
 
 namespace {
 
@@ -222,11 +222,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
-  const std::chrono::milliseconds timeout(std::stoll(argv[2]));
-  at::set_num_threads(1);
+  const int64_t timeout_ms = std::stoll(argv[2]);
   try {
-    auto env = dschat::dist::LaunchEnv::from_environment();
-    auto comm = Communicator::create(env, dschat::dist::Backend::Gloo, timeout);
+    const std::shared_ptr<Communicator> communicator = dschat::worker::join_job(timeout_ms);
+    Communicator& comm = *communicator;
     if (scenario == "collectives") {
       run_collectives(comm);
       return failures == 0 ? 0 : 1;

@@ -125,7 +125,7 @@ TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {
                                      " --output " + (empty / "o").string() + " --dtype fp8",
                                  &output),
             0);
-  EXPECT_NE(output.find("--dtype: 'fp8'"), std::string::npos) << output;
+  EXPECT_NE(output.find("--dtype: expected fp32, bf16 or fp16, got 'fp8'"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -72,7 +72,7 @@ TEST(ParamGroups, EmptyGroupsAreDropped) {
 }
 
 TEST(ParamGroups, OptCausalLmGroupsAndFakeLora) {
-  auto model = inference::load_causal_lm(testing::fixture("opt-preln").string());
+  auto model = models::load_causal_lm(testing::fixture("opt-preln").string());
   const auto groups = engine::optimizer_grouped_parameters(*model, 1e-5, 0.1);
   ASSERT_EQ(groups.size(), 2u);  // no LoRA
   const auto& decay = groups[0].names;

@@ -10,19 +10,15 @@
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
 //            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
 //            [--timeout-ms T]
-#include <ATen/Parallel.h>
-
-#include <chrono>
 #include <fstream>
-#include <iostream>
 #include <string>
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
-#include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/causal_lm.h"
+#include "../worker_args.h"
 
 namespace {
 
@@ -48,27 +44,23 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      DSCHAT_CHECK(i + 1 < argc, InvalidArgument, flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--out") args.out = value();
-    else if (flag == "--stage") args.stage = std::stoi(value());
-    else if (flag == "--micro") args.micro = std::stoll(value());
-    else if (flag == "--gas") args.gas = std::stoll(value());
-    else if (flag == "--steps") args.steps = std::stoll(value());
-    else if (flag == "--stop-at") args.stop_at = std::stoll(value());
-    else if (flag == "--layers") args.layers = std::stoll(value());
-    else if (flag == "--offload") args.offload = true;
-    else if (flag == "--overlap-comm") args.overlap_comm = true;
-    else if (flag == "--bf16") args.bf16 = true;
-    else if (flag == "--save-dir") args.save_dir = value();
-    else if (flag == "--save-every") args.save_every = std::stoll(value());
-    else if (flag == "--load") args.load = true;
-    else if (flag == "--timeout-ms") args.timeout_ms = std::stoll(value());
-    else DSCHAT_THROW(InvalidArgument, "unknown flag ", flag);
+  worker::WorkerFlags flags(argc, argv);
+  while (flags.next()) {
+    if (flags.is("--out")) args.out = flags.value();
+    else if (flags.is("--stage")) args.stage = static_cast<int>(flags.int_value());
+    else if (flags.is("--micro")) args.micro = flags.int_value();
+    else if (flags.is("--gas")) args.gas = flags.int_value();
+    else if (flags.is("--steps")) args.steps = flags.int_value();
+    else if (flags.is("--stop-at")) args.stop_at = flags.int_value();
+    else if (flags.is("--layers")) args.layers = flags.int_value();
+    else if (flags.is("--offload")) args.offload = true;
+    else if (flags.is("--overlap-comm")) args.overlap_comm = true;
+    else if (flags.is("--bf16")) args.bf16 = true;
+    else if (flags.is("--save-dir")) args.save_dir = flags.value();
+    else if (flags.is("--save-every")) args.save_every = flags.int_value();
+    else if (flags.is("--load")) args.load = true;
+    else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
+    else flags.unknown();
   }
   return args;
 }
@@ -94,10 +86,7 @@ json footprint_json(const engine::MemoryFootprint& bytes) {
 }
 
 int run(const Args& args) {
-  at::set_num_threads(1);  // several ranks share two cores
-  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
-  auto communicator = std::make_shared<dist::Communicator>(
-      dist::Communicator::create(env, dist::Backend::Gloo, std::chrono::milliseconds(args.timeout_ms)));
+  auto communicator = worker::join_job(args.timeout_ms);
   const int64_t world = communicator->world_size();
   const int64_t rank = communicator->rank();
   DSCHAT_CHECK(args.micro * args.gas * world <= kGlobalRows, InvalidArgument, "global batch too large");
@@ -197,10 +186,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "train_worker: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dschat::worker::run_worker("train_worker", [&] { return run(parse(argc, argv)); });
 }

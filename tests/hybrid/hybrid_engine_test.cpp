@@ -11,7 +11,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/nn/lora.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -47,7 +47,7 @@ struct EngineSetup {
 };
 
 models::CausalLM load_actor(const std::string& name, bool lora) {
-  auto model = inference::load_causal_lm(fixture(name).string(), {});
+  auto model = models::load_causal_lm(fixture(name).string(), {});
   if (lora) {
     torch::manual_seed(3);  // the adapters' initial values: the same in every copy
     nn::convert_linear_layers_to_lora(*model, {4, 1.0, 0.0, "layers."});

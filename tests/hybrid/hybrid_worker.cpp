@@ -11,19 +11,16 @@
 //
 // usage: dschat_hybrid_worker --out F [--stage S] [--tp T] [--pin 0|1] [--gather N] [--lora]
 //            [--bf16-generation] [--uneven] [--timeout-ms T]
-#include <ATen/Parallel.h>
-
 #include <fstream>
-#include <iostream>
 #include <string>
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
-#include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/hybrid/hybrid_engine.h"
 #include "dschat/inference/generate.h"
 #include "dschat/nn/lora.h"
+#include "../worker_args.h"
 
 namespace {
 
@@ -44,32 +41,18 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      DSCHAT_CHECK(i + 1 < argc, InvalidArgument, flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--out")
-      args.out = value();
-    else if (flag == "--stage")
-      args.stage = std::stoi(value());
-    else if (flag == "--tp")
-      args.tp = std::stoll(value());
-    else if (flag == "--pin")
-      args.pin = value() == "1";
-    else if (flag == "--gather")
-      args.gather = std::stoll(value());
-    else if (flag == "--lora")
-      args.lora = true;
-    else if (flag == "--bf16-generation")
-      args.bf16_generation = true;
-    else if (flag == "--uneven")
-      args.uneven = true;
-    else if (flag == "--timeout-ms")
-      args.timeout_ms = std::stoll(value());
-    else
-      DSCHAT_THROW(InvalidArgument, "unknown flag ", flag);
+  worker::WorkerFlags flags(argc, argv);
+  while (flags.next()) {
+    if (flags.is("--out")) args.out = flags.value();
+    else if (flags.is("--stage")) args.stage = static_cast<int>(flags.int_value());
+    else if (flags.is("--tp")) args.tp = flags.int_value();
+    else if (flags.is("--pin")) args.pin = flags.value() == "1";
+    else if (flags.is("--gather")) args.gather = flags.int_value();
+    else if (flags.is("--lora")) args.lora = true;
+    else if (flags.is("--bf16-generation")) args.bf16_generation = true;
+    else if (flags.is("--uneven")) args.uneven = true;
+    else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
+    else flags.unknown();
   }
   return args;
 }
@@ -100,10 +83,7 @@ json ids_json(const torch::Tensor& ids) {
 }
 
 int run(const Args& args) {
-  at::set_num_threads(1);  // several ranks share two cores
-  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
-  auto communicator = std::make_shared<dist::Communicator>(
-      dist::Communicator::create(env, dist::Backend::Gloo, std::chrono::milliseconds(args.timeout_ms)));
+  auto communicator = worker::join_job(args.timeout_ms);
   const int64_t world = communicator->world_size(), rank = communicator->rank();
 
   core::ModelConfig config = core::load_model_config(std::string(DSCHAT_TEST_DATA_DIR) + "/opt-preln");
@@ -186,10 +166,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "hybrid_worker: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dschat::worker::run_worker("hybrid_worker", [&] { return run(parse(argc, argv)); });
 }

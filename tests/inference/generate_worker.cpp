@@ -10,19 +10,19 @@
 // usage: dschat_generate_worker --model DIR --out DIR [--new-tokens N] [--timeout-ms T]
 //            [--mismatch]        rank r asks for N + r new tokens (a lockstep error)
 //            [--overflow-rank R] rank R's engine is too small for its prompt (a local error)
-#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
 
 #include "dschat/core/error.h"
-#include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/inference/inference_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
+#include "../worker_args.h"
 
 namespace {
 
@@ -39,19 +39,15 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      DSCHAT_CHECK(i + 1 < argc, InvalidArgument, flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--model") args.model = value();
-    else if (flag == "--out") args.out = value();
-    else if (flag == "--new-tokens") args.new_tokens = std::stoll(value());
-    else if (flag == "--timeout-ms") args.timeout_ms = std::stoll(value());
-    else if (flag == "--mismatch") args.mismatch = true;
-    else if (flag == "--overflow-rank") args.overflow_rank = std::stoll(value());
-    else DSCHAT_THROW(InvalidArgument, "unknown flag ", flag);
+  worker::WorkerFlags flags(argc, argv);
+  while (flags.next()) {
+    if (flags.is("--model")) args.model = flags.value();
+    else if (flags.is("--out")) args.out = flags.value();
+    else if (flags.is("--new-tokens")) args.new_tokens = flags.int_value();
+    else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
+    else if (flags.is("--mismatch")) args.mismatch = true;
+    else if (flags.is("--overflow-rank")) args.overflow_rank = flags.int_value();
+    else flags.unknown();
   }
   return args;
 }
@@ -74,13 +70,10 @@ int64_t choose_eos(const torch::Tensor& greedy, int64_t prompt) {
 }
 
 int run(const Args& args) {
-  at::set_num_threads(1);  // the ranks share two cores
-  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
-  auto communicator = std::make_shared<dist::Communicator>(
-      dist::Communicator::create(env, dist::Backend::Gloo, std::chrono::milliseconds(args.timeout_ms)));
+  auto communicator = worker::join_job(args.timeout_ms);
   const int64_t rank = communicator->rank();
   DSCHAT_CHECK(communicator->world_size() == 2, InvalidArgument, "run with 2 ranks");
-  auto model = inference::load_causal_lm(args.model);
+  auto model = models::load_causal_lm(args.model);
   const torch::Tensor all_ids = io::load_npy(std::filesystem::path(args.model) / "expected" / "input_ids.npy");  // [3, T]
   const torch::Tensor all_mask =
       io::load_npy(std::filesystem::path(args.model) / "expected" / "attention_mask.npy").to(torch::kInt64);  // [3, T]
@@ -117,10 +110,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "generate_worker: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dschat::worker::run_worker("generate_worker", [&] { return run(parse(argc, argv)); });
 }

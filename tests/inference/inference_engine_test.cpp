@@ -10,7 +10,7 @@
 #include "dschat/inference/inference_engine.h"
 #include "dschat/inference/kv_cache.h"
 #include "inference/decode_graph.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -60,7 +60,7 @@ InferenceEngineOptions quiet(int64_t max_out_tokens) {
 class InferenceEngineOnFixtures : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(InferenceEngineOnFixtures, CachedGreedyEqualsFullRecomputation) {
-  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  auto model = models::load_causal_lm(testing::fixture(GetParam()).string());
   const Prompts p = fixture_prompts(GetParam());
   core::GenerationConfig config;
   config.max_new_tokens = 12;
@@ -85,7 +85,7 @@ TEST_P(InferenceEngineOnFixtures, CachedGreedyEqualsFullRecomputation) {
 TEST_P(InferenceEngineOnFixtures, FullCapacityDecodeLayoutGivesTheSameIds) {
   // The CUDA-graph step's arithmetic (every workspace slot under a key mask, the scratch slot,
   // positions from the mask's last column) run eagerly: it must decode exactly as the narrowed step.
-  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  auto model = models::load_causal_lm(testing::fixture(GetParam()).string());
   const Prompts p = fixture_prompts(GetParam());
   core::GenerationConfig config;
   config.max_new_tokens = 12;
@@ -109,7 +109,7 @@ TEST_P(InferenceEngineOnFixtures, FullCapacityStepLogitsEqualTheNarrowedStep) {
   // Logit level (greedy ids of tiny random models tolerate small errors): each decode step in the
   // full-capacity layout against the eager step over the same cache, with row 0 "finished" (its
   // current token masked) from the third step on. Both write the same slot with the same values.
-  auto model = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  auto model = models::load_causal_lm(testing::fixture(GetParam()).string());
   const Prompts p = fixture_prompts(GetParam());
   torch::NoGradGuard no_grad;
   inference::KvWorkspace workspace;
@@ -134,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, InferenceEngineOnFixtures, ::testing::ValuesI
 
 class InferenceEngineWorkspace : public ::testing::Test {
  protected:
-  models::CausalLM model = inference::load_causal_lm(testing::fixture("opt-preln").string());
+  models::CausalLM model = models::load_causal_lm(testing::fixture("opt-preln").string());
   Prompts p = fixture_prompts("opt-preln");
   core::GenerationConfig config;
 

@@ -14,7 +14,7 @@
 
 #include "dschat/inference/generate.h"
 #include "dschat/inference/kv_cache.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/npy.h"
 #include "dschat/nn/lora.h"
@@ -142,7 +142,7 @@ std::vector<Outcome> run_threads(models::CausalLM& full, const Prompts& p, int64
 class TensorParallelThreadsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TensorParallelThreadsTest, TwoRanksMatchOneProcess) {
-  auto full = inference::load_causal_lm(testing::fixture(GetParam()).string());
+  auto full = models::load_causal_lm(testing::fixture(GetParam()).string());
   const Prompts p = left_padded_prompts(full->config());
   const Outcome reference = prefill_and_generate(full, p);
   for (auto storage : {ShardStorage::View, ShardStorage::Copy}) {
@@ -183,7 +183,7 @@ std::vector<Outcome> run_processes(const std::string& fixture, const Prompts& p,
 }
 
 void expect_processes_match(const std::string& fixture, int world, const std::string& storage) {
-  auto full = inference::load_causal_lm(testing::fixture(fixture).string());
+  auto full = models::load_causal_lm(testing::fixture(fixture).string());
   const Prompts p = left_padded_prompts(full->config());
   const Outcome reference = prefill_and_generate(full, p);
   const auto outcomes = run_processes(fixture, p, world, storage);
@@ -210,7 +210,7 @@ TEST(TensorParallelMultiproc, FourGlooRanksMatchOneProcess) {
 
 // ---- shard storage and errors ------------------------------------------------------------
 
-models::CausalLM opt_preln() { return inference::load_causal_lm(testing::fixture("opt-preln").string()); }
+models::CausalLM opt_preln() { return models::load_causal_lm(testing::fixture("opt-preln").string()); }
 
 bool shares_storage(const torch::Tensor& a, const torch::Tensor& b) {
   return a.storage().data() == b.storage().data();

@@ -7,21 +7,17 @@
 //   <dir>/sequences_rank<r>.npy       [B, T + N] int64
 //
 // usage: dschat_tp_worker --fixture NAME --dir D [--new-tokens N] [--storage view|copy] [--timeout-ms T]
-#include <ATen/Parallel.h>
-
-#include <chrono>
 #include <filesystem>
-#include <iostream>
 #include <string>
 
 #include "dschat/core/error.h"
-#include "dschat/dist/launch_env.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/inference/generate.h"
 #include "dschat/inference/kv_cache.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/npy.h"
+#include "../worker_args.h"
 
 namespace {
 
@@ -37,32 +33,25 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      DSCHAT_CHECK(i + 1 < argc, InvalidArgument, flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--fixture") args.fixture = value();
-    else if (flag == "--dir") args.dir = value();
-    else if (flag == "--new-tokens") args.new_tokens = std::stoll(value());
-    else if (flag == "--storage")
-      args.storage = value() == "copy" ? inference::ShardStorage::Copy : inference::ShardStorage::View;
-    else if (flag == "--timeout-ms") args.timeout_ms = std::stoll(value());
-    else DSCHAT_THROW(InvalidArgument, "unknown flag ", flag);
+  worker::WorkerFlags flags(argc, argv);
+  while (flags.next()) {
+    if (flags.is("--fixture")) args.fixture = flags.value();
+    else if (flags.is("--dir")) args.dir = flags.value();
+    else if (flags.is("--new-tokens")) args.new_tokens = flags.int_value();
+    else if (flags.is("--storage"))
+      args.storage = flags.value() == "copy" ? inference::ShardStorage::Copy : inference::ShardStorage::View;
+    else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
+    else flags.unknown();
   }
   DSCHAT_CHECK(!args.fixture.empty() && !args.dir.empty(), InvalidArgument, "--fixture and --dir are required");
   return args;
 }
 
 int run(const Args& args) {
-  at::set_num_threads(1);  // several ranks share two cores
-  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
-  auto communicator = std::make_shared<dist::Communicator>(
-      dist::Communicator::create(env, dist::Backend::Gloo, std::chrono::milliseconds(args.timeout_ms)));
+  auto communicator = worker::join_job(args.timeout_ms);
   const int64_t rank = communicator->rank();
 
-  models::CausalLM full = inference::load_causal_lm(std::string(DSCHAT_TEST_DATA_DIR) + "/" + args.fixture);
+  models::CausalLM full = models::load_causal_lm(std::string(DSCHAT_TEST_DATA_DIR) + "/" + args.fixture);
   models::CausalLM shard =
       inference::make_tensor_parallel_shard(full, inference::make_tensor_parallel_group(communicator), args.storage);
   if (args.storage == inference::ShardStorage::Copy) full = models::CausalLM(nullptr);  // the shard owns its weights
@@ -87,10 +76,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "tp_worker: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dschat::worker::run_worker("tp_worker", [&] { return run(parse(argc, argv)); });
 }

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/model_source.h"
 #include "dschat/io/state_dict.h"
 #include "test_util.h"
@@ -31,7 +31,7 @@ TEST(ModelErrors, MissingAndUnexpectedTensorsAreListedByName) {
     w.erase("model.decoder.layers.1.fc1.bias");
     w["model.decoder.extra.weight"] = torch::zeros({2});
   });
-  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError,
+  EXPECT_THROW_WITH(models::load_causal_lm(dir.string()), core::FormatError,
                     "missing tensors: model.decoder.layers.1.fc1.bias; unexpected tensors: model.decoder.extra.weight");
 }
 
@@ -40,7 +40,7 @@ TEST(ModelErrors, ConfigContradictingWeightShapesNamesTheTensor) {
   auto dir = edited_copy(tmp, "llama-gqa", [](io::TensorMap& w) {
     w["model.layers.0.self_attn.k_proj.weight"] = torch::zeros({32, 32});  // config says 2 KV heads: [16, 32]
   });
-  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError,
+  EXPECT_THROW_WITH(models::load_causal_lm(dir.string()), core::FormatError,
                     "'model.layers.0.self_attn.k_proj.weight' has shape [32, 32] in the checkpoint but [16, 32]");
 }
 
@@ -49,7 +49,7 @@ TEST(ModelErrors, IntegerWeightsAreRejected) {
   auto dir = edited_copy(tmp, "opt-preln", [](io::TensorMap& w) {
     w["model.decoder.layers.0.fc1.bias"] = torch::zeros({64}, torch::kInt32);
   });
-  EXPECT_THROW_WITH(inference::load_causal_lm(dir.string()), core::FormatError, "expected a floating-point dtype");
+  EXPECT_THROW_WITH(models::load_causal_lm(dir.string()), core::FormatError, "expected a floating-point dtype");
 }
 
 TEST(ModelNames, OldOptCheckpointsWithoutModelPrefixLoad) {
@@ -60,8 +60,8 @@ TEST(ModelNames, OldOptCheckpointsWithoutModelPrefixLoad) {
     for (auto& [name, tensor] : w) renamed.emplace(name.substr(std::string("model.").size()), tensor);
     w = renamed;
   });
-  auto old_layout = inference::load_causal_lm(dir.string());
-  auto reference = inference::load_causal_lm(testing::fixture("opt-preln").string());
+  auto old_layout = models::load_causal_lm(dir.string());
+  auto reference = models::load_causal_lm(testing::fixture("opt-preln").string());
   for (const auto& [name, tensor] : reference->state_dict()) {
     EXPECT_TRUE(torch::equal(tensor, old_layout->state_dict().at(name))) << name;
   }
@@ -70,13 +70,13 @@ TEST(ModelNames, OldOptCheckpointsWithoutModelPrefixLoad) {
 TEST(ModelErrors, UnknownModelTypeNamesTheConfigFile) {
   testing::TempDir tmp;
   std::ofstream(tmp / "config.json") << R"({"model_type": "bloom", "vocab_size": 3})";
-  EXPECT_THROW_WITH(inference::load_causal_lm(tmp.path().string()), core::Unsupported, "config.json: model_type 'bloom'");
+  EXPECT_THROW_WITH(models::load_causal_lm(tmp.path().string()), core::Unsupported, "config.json: model_type 'bloom'");
 }
 
 TEST(ModelErrors, MissingWeightsListTheFilesLookedFor) {
   testing::TempDir tmp;
   fs::copy_file(testing::fixture("opt-preln") / "config.json", tmp / "config.json");
-  EXPECT_THROW_WITH(inference::load_causal_lm(tmp.path().string()), core::NotFound, "model.safetensors");
+  EXPECT_THROW_WITH(models::load_causal_lm(tmp.path().string()), core::NotFound, "model.safetensors");
 }
 
 TEST(ModelSource, UnknownModelListsEverySearchedPath) {
@@ -109,10 +109,10 @@ TEST(ModelSource, FindsHubCacheSnapshotsByIdAndShortName) {
 }
 
 TEST(ModelSource, RandomInitBuildsPresetsWithoutWeights) {
-  inference::LoadOptions options;
+  models::LoadOptions options;
   options.random_init = true;
   options.dtype = torch::kBFloat16;
-  auto model = inference::load_causal_lm("opt-125m", options);
+  auto model = models::load_causal_lm("opt-125m", options);
   EXPECT_EQ(model->config().num_hidden_layers, 12);
   torch::NoGradGuard no_grad;
   torch::Tensor logits = model->forward(torch::tensor({{2, 100, 200}}, torch::kInt64));  // [1, 3, V]

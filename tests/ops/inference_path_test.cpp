@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "dschat/inference/kv_cache.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 #include "model_fixtures.h"
 #include "test_util.h"
@@ -36,9 +36,9 @@ TEST_P(FusedInferencePathOpTest, MatchesTheAutogradPath) {
   torch::Tensor mask = io::load_npy(dir / "expected" / "attention_mask.npy");  // [B, T]
   torch::Tensor keep = mask.to(torch::kBool);
   for (auto [dtype, tolerance] : {std::pair{torch::kFloat32, 1e-5}, std::pair{torch::kBFloat16, 0.03}}) {
-    inference::LoadOptions options;
+    models::LoadOptions options;
     options.dtype = dtype;
-    auto model = inference::load_causal_lm(dir.string(), options);
+    auto model = models::load_causal_lm(dir.string(), options);
     torch::Tensor fused;
     {
       torch::NoGradGuard no_grad;

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "dschat/data/demo_task.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "test_util.h"
@@ -30,13 +30,13 @@ std::string case_name(const MatrixCase& c) {
 // A step-1 and a step-2 model (random weights, the demo's shape and tokenizer) and demo data.
 void make_inputs(const fs::path& dir) {
   const fs::path shape = testing::source_dir() / "assets/demo-opt";
-  inference::LoadOptions random;
+  models::LoadOptions random;
   random.random_init = true;
   torch::manual_seed(5);
-  auto actor = inference::load_causal_lm(shape.string(), random);
-  inference::save_causal_lm(actor, dir / "actor");
-  auto critic = inference::load_value_model(shape.string(), random);
-  inference::save_value_model(critic, dir / "reward");
+  auto actor = models::load_causal_lm(shape.string(), random);
+  models::save_causal_lm(actor, dir / "actor");
+  auto critic = models::load_value_model(shape.string(), random);
+  models::save_value_model(critic, dir / "reward");
   for (const char* file : {"vocab.json", "merges.txt"}) {
     fs::copy_file(shape / file, dir / "actor" / file);
     fs::copy_file(shape / file, dir / "reward" / file);
@@ -85,7 +85,7 @@ void run_case(const fs::path& dir, const MatrixCase& c) {
                                   after.at("model.decoder.layers.0.fc1.weight")),
             0.0);
   for (const auto& item : after) EXPECT_EQ(item.first.find("lora"), std::string::npos) << item.first;
-  inference::load_value_model((out / "critic").string());
+  models::load_value_model((out / "critic").string());
 }
 
 std::vector<MatrixCase> matrix() {

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "core/json_object.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
 #include "test_util.h"
 
@@ -74,11 +74,11 @@ void expect_full_layout(const fs::path& out) {
     EXPECT_TRUE(fs::exists(out / (std::string(dir) + "_logs") / "metrics.jsonl")) << dir;
   }
   // Every step's model loads back through the public loaders.
-  auto actor = inference::load_causal_lm((out / "step3/actor").string());
-  auto sft = inference::load_causal_lm((out / "actor").string());
-  auto ema = inference::load_causal_lm((out / "step3/actor_ema").string());
-  auto critic = inference::load_value_model((out / "step3/critic").string());
-  auto reward = inference::load_value_model((out / "reward").string());
+  auto actor = models::load_causal_lm((out / "step3/actor").string());
+  auto sft = models::load_causal_lm((out / "actor").string());
+  auto ema = models::load_causal_lm((out / "step3/actor_ema").string());
+  auto critic = models::load_value_model((out / "step3/critic").string());
+  auto reward = models::load_value_model((out / "reward").string());
   // DeepSpeed-Chat's reward layout, LoRA fused away.
   const io::TensorMap reward_tensors = io::load_state_dict(out / "reward");
   EXPECT_TRUE(reward_tensors.count("v_head.weight"));

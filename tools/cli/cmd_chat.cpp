@@ -18,7 +18,7 @@
 #include "dschat/core/error.h"
 #include "dschat/inference/generate_text.h"
 #include "dschat/inference/inference_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 
 namespace dschat {
 namespace cli {
@@ -50,7 +50,7 @@ std::string join(const std::deque<std::string>& turns) {
 
 void run_chat(ChatOptions o) {
   core::validate_generation_config(o.generation, "chat flags");
-  auto model = inference::load_causal_lm(o.model, load_options(o.dtype, o.init));
+  auto model = models::load_causal_lm(o.model, load_options(o.dtype, o.init));
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   inference::InferenceEngineOptions engine_options;
   engine_options.max_out_tokens = o.max_out_tokens;

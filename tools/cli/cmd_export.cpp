@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "dschat/core/dtype.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_export.h"
 
@@ -22,16 +23,9 @@ struct ExportCommandOptions {
   bool keep_lora = false;
 };
 
-torch::ScalarType parse_dtype(const std::string& name) {
-  if (name == "fp32") return torch::kFloat32;
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kFloat16;
-  DSCHAT_THROW(InvalidArgument, "--dtype: '", name, "' is not one of fp32, bf16, fp16");
-}
-
 void run_export(const ExportCommandOptions& options) {
   engine::ExportOptions export_options;
-  export_options.dtype = parse_dtype(options.dtype);
+  export_options.dtype = core::parse_dtype(options.dtype, "--dtype");
   export_options.fuse_lora = !options.keep_lora;
   export_options.model_dir = options.model_dir;
   const int64_t count = engine::export_hf_checkpoint(options.checkpoint, options.tag, options.output, export_options);

@@ -7,7 +7,7 @@
 #include "commands.h"
 #include "model_flags.h"
 #include "dschat/core/error.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 
 namespace dschat {
@@ -20,7 +20,7 @@ struct ForwardOptions {
 };
 
 void run_forward(const ForwardOptions& o) {
-  inference::LoadOptions load = load_options(o.dtype, o.init);
+  models::LoadOptions load = load_options(o.dtype, o.init);
   torch::Tensor ids = io::load_npy(o.input_ids);  // [B, T]
   DSCHAT_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 2, InvalidArgument, "--input-ids ", o.input_ids,
                ": expected a 2-D int64 array, got ", ids.scalar_type(), " of shape ", ids.sizes());
@@ -29,9 +29,9 @@ void run_forward(const ForwardOptions& o) {
   torch::NoGradGuard no_grad;
   torch::Tensor out;
   if (o.value_head) {
-    out = inference::load_value_model(o.model, load)->forward(ids, mask);  // [B, T]
+    out = models::load_value_model(o.model, load)->forward(ids, mask);  // [B, T]
   } else {
-    out = inference::load_causal_lm(o.model, load)->forward(ids, mask);  // [B, T, V]
+    out = models::load_causal_lm(o.model, load)->forward(ids, mask);  // [B, T, V]
   }
   io::save_npy(o.output, out.to(torch::kFloat32));
 }

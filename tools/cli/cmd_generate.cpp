@@ -14,7 +14,7 @@
 #include "dschat/core/generation_config.h"
 #include "dschat/inference/generate_text.h"
 #include "dschat/inference/inference_engine.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/models/load_save.h"
 
 namespace dschat {
 namespace cli {
@@ -36,8 +36,8 @@ void run_generate(GenerateOptions o) {
     o.generation = core::parse_generation_config(text.str(), o.config_file);
   }
   core::validate_generation_config(o.generation, "generate flags");
-  inference::LoadOptions load = load_options(o.dtype, o.init);
-  auto model = inference::load_causal_lm(o.model, load);
+  models::LoadOptions load = load_options(o.dtype, o.init);
+  auto model = models::load_causal_lm(o.model, load);
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   inference::InferenceEngineOptions engine_options;
   engine_options.max_out_tokens = o.max_out_tokens;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "commands.h"
-#include "dschat/rlhf/training_plot.h"
+#include "dschat/monitor/training_plot.h"
 
 namespace dschat {
 namespace cli {
@@ -31,7 +31,7 @@ void add_plot_command(CLI::App& app) {
     const std::filesystem::path output = options->output.empty()
                                              ? std::filesystem::path(options->run_dir) / "training_curves.png"
                                              : std::filesystem::path(options->output);
-    const int panels = rlhf::plot_training_curves(options->run_dir, output, options->width, options->panel_height);
+    const int panels = monitor::plot_training_curves(options->run_dir, output, options->width, options->panel_height);
     std::cout << "wrote " << output.string() << " (" << panels << (panels == 1 ? " panel)" : " panels)") << "\n";
   });
 }

@@ -3,26 +3,25 @@
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
 #include <iostream>
 
+#include "app/demo_report.h"
+#include "app/train_command.h"
 #include "commands.h"
 #include "dschat/core/error.h"
-#include "dschat/rlhf/demo_report.h"
 #include "dschat/rlhf/pipeline.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/reward_trainer.h"
 #include "dschat/rlhf/sft_trainer.h"
-#include "dschat/rlhf/train_command.h"
 
 namespace dschat {
 namespace cli {
 namespace {
 
 struct TrainFlags {
-  rlhf::TrainArguments args;
+  app::TrainArguments args;
   std::string actor, reward, deployment, config_file, output_dir, init, tokenizer;
   bool no_progress = false;
-  int64_t crash_after_steps = 0;  // hidden test hook
-  rlhf::TrainArguments resolved() const {
-    rlhf::TrainArguments out = args;
+  app::TrainArguments resolved() const {
+    app::TrainArguments out = args;
     auto set = [](std::optional<std::string>& slot, const std::string& value) {
       if (!value.empty()) slot = value;
     };
@@ -39,12 +38,11 @@ struct TrainFlags {
 
 rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
   rlhf::StepContext context;
-  context.communicator = rlhf::communicator_from_environment();
+  context.communicator = app::communicator_from_environment();
   context.random_init = config.init == "random";
   context.tokenizer_dir = config.tokenizer;
-  context.stop_requested = rlhf::install_stop_signal_handler();
+  context.stop_requested = app::install_stop_signal_handler();
   context.progress = !flags.no_progress;
-  context.crash_after_steps = flags.crash_after_steps;
   return context;
 }
 
@@ -53,7 +51,7 @@ bool is_rank0(const rlhf::StepContext& context) {
 }
 
 void run_train(const TrainFlags& flags) {
-  const rlhf::TrainPlan plan = rlhf::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
+  const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
   if (!plan.demo || !is_rank0(context)) return;
@@ -64,7 +62,7 @@ void run_train(const TrainFlags& flags) {
       return;
     }
   }
-  std::cout << rlhf::format_demo_report(rlhf::evaluate_demo(plan.config, result, plan.demo_eval_file)) << std::flush;
+  std::cout << app::format_demo_report(app::evaluate_demo(plan.config, result, plan.demo_eval_file)) << std::flush;
 }
 
 void add_common_flags(CLI::App& cmd, TrainFlags& f) {
@@ -74,7 +72,6 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
   cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
   cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
-  cmd.add_option("--crash-after-steps", f.crash_after_steps)->group("");  // tests: die as a kill would
 }
 
 // `dschat sft|rm|ppo`: the pipeline with only that step.
@@ -133,7 +130,7 @@ void add_train_commands(CLI::App& app) {
                    "DS-Chat's value (default: derived from the tokenizer)");
   eval->callback([e] {
     rlhf::StepContext context;
-    context.communicator = rlhf::communicator_from_environment();
+    context.communicator = app::communicator_from_environment();
     context.tokenizer_dir = e->tokenizer;
     const rlhf::RewardEvaluation r = rlhf::evaluate_reward_model_on_data(
         e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context);

@@ -4,15 +4,16 @@
 #include <string>
 
 #include "dschat/core/error.h"
-#include "dschat/inference/model_loader.h"
+#include "dschat/core/dtype.h"
+#include "dschat/models/load_save.h"
 
 namespace dschat {
 namespace cli {
 
-inline inference::LoadOptions load_options(const std::string& dtype, const std::string& init) {
+inline models::LoadOptions load_options(const std::string& dtype, const std::string& init) {
   DSCHAT_CHECK(init.empty() || init == "random", InvalidArgument, "--init: expected 'random', got '", init, "'");
-  inference::LoadOptions options;
-  options.dtype = inference::parse_dtype(dtype);
+  models::LoadOptions options;
+  options.dtype = core::parse_dtype(dtype, "--dtype");
   options.random_init = init == "random";
   return options;
 }

@@ -1,13 +1,17 @@
 #pragma once
 // Per-step batches from tokenised items, as DeepSpeed-Chat's collators build them.
 //   SFT     input_ids/attention_mask/labels, right padded; labels = ids where counted, -100 else.
-//   Reward  all chosen rows, then all rejected rows ([2B, T]), right padded (DataCollatorReward).
+//   Reward  all chosen rows, then all rejected rows ([2B, T]), right padded (DataCollatorReward),
+//           plus each pair's prompt length (where the answers start; DPO-style losses need it).
 //   Prompts left padded to exactly max_prompt_seq_len (DataCollatorRLHF's reverse-pad-flip).
 //   Unsupervised blocks (mixture training): SFT batches whose labels are the ids.
 //
 // DeepSpeed-Chat pads SFT and reward rows to max_seq_len; by default we pad to the longest row of
 // the batch, which gives the same loss (padding is masked and attention is causal) and less
 // work. Set pad_to to max_seq_len for DeepSpeed-Chat's exact shapes.
+//
+// Batches are built on the CPU (the prefetch thread); to(device) moves every defined tensor, so a
+// trainer writes `batch.to(device, /*non_blocking=*/true)` without naming the fields.
 
 #include <torch/torch.h>
 
@@ -24,20 +28,35 @@ namespace data {
 /// appended end-of-conversation token): kPromptAndAnswer. kAnswerOnly masks the prompt tokens.
 enum class SftLossTokens { kPromptAndAnswer, kAnswerOnly };
 
+// Every batch's to(): a copy whose defined tensors are tensor.to(device, non_blocking); undefined
+// tensors stay undefined. A tensor already on `device` is returned as is (LibTorch's to() aliases
+// it), so moving a CPU batch to the CPU copies nothing. non_blocking is passed to LibTorch, where
+// it only makes copies between pinned host memory and a GPU asynchronous.
+
 struct SftBatch {
   torch::Tensor input_ids;       // [B, T] int64
   torch::Tensor attention_mask;  // [B, T] int64: 1 for tokens, 0 for padding
   torch::Tensor labels;          // [B, T] int64: ids where counted, -100 elsewhere
+
+  SftBatch to(const torch::Device& device, bool non_blocking = false) const;
 };
 
 struct RewardBatch {
   torch::Tensor input_ids;       // [2B, T] int64: rows 0..B-1 chosen, B..2B-1 rejected
   torch::Tensor attention_mask;  // [2B, T] int64
+  // Real tokens only: rows are right padded, so columns [0, prompt_lengths[i]) of rows i and B+i
+  // are the prompt. Counts the prompt tokenised alone (BOS included when the tokenizer adds one),
+  // capped at max_seq_len; see TokenizedDataset::prompt_length.
+  torch::Tensor prompt_lengths;  // [B] int64: tokens of pair i's prompt (rows i and B+i share it)
+
+  RewardBatch to(const torch::Device& device, bool non_blocking = false) const;
 };
 
 struct PromptBatch {
   torch::Tensor input_ids;       // [B, P] int64, P = max_prompt_seq_len, left padded
   torch::Tensor attention_mask;  // [B, P] int64
+
+  PromptBatch to(const torch::Device& device, bool non_blocking = false) const;
 };
 
 struct PadOptions {

@@ -6,7 +6,8 @@
 //   phase 1 (SFT)    PC + end_of_conversation_token, truncated to max_seq_len (head kept);
 //                    records without PC are skipped;
 //   phase 2 (reward) PC + eot and PR + eot, each truncated to max_seq_len; records missing either
-//                    are skipped;
+//                    are skipped; each pair stores the token count of P tokenised alone (same
+//                    truncation) as its prompt length;
 //   phase 3 (PPO)    P alone, not truncated: prompts longer than max_seq_len (pass
 //                    max_prompt_seq_len) are dropped and counted.
 // Several datasets are concatenated and permuted with the seed (numpy's RandomState shuffle, as

@@ -24,9 +24,6 @@ struct StepContext {
   const std::atomic<bool>* stop_requested = nullptr;
   /// Progress bars on an interactive terminal (plain lines otherwise); false: lines only.
   bool progress = true;
-  /// Test hook: throw Interrupted (as a kill would end the run) after this many optimizer steps
-  /// of the step, without saving anything beyond the periodic checkpoints. 0: never.
-  int64_t crash_after_steps = 0;
 
   bool stopping() const { return stop_requested != nullptr && stop_requested->load(); }
 };

@@ -1,0 +1,60 @@
+#pragma once
+// The resumable skeleton every trainer runs in: where its checkpoints live, restoring the latest
+// one, periodic checkpoints every `checkpoint_interval` optimizer steps, and the stop request
+// (Ctrl-C) turned into "save a checkpoint, then throw Interrupted".
+//
+// Layout for a step whose output is <dir> (e.g. <out>/actor):
+//   <dir>_checkpoints/            training checkpoints (engine format, `latest` pointer)
+//   <dir>_logs/                   metrics.jsonl and TensorBoard events (kept: `dschat plot`)
+//   <dir>/                        the finished Hugging Face model, renamed into place at the end,
+//   <dir>/training_summary.json   with the step's figures: its presence means "step finished"
+// so an interrupted step leaves <dir> absent (or the previous run's) and resumes from
+// <dir>_checkpoints; a finished step is skipped by `dschat train`.
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/step_context.h"
+
+namespace dschat {
+namespace rlhf {
+
+/// <dir>/training_summary.json: written last, inside the atomically renamed model directory.
+std::filesystem::path summary_file(const std::filesystem::path& output_dir);
+/// The summary of a finished step, or nullopt when the step has not finished there.
+std::optional<nlohmann::json> finished_step_summary(const std::filesystem::path& output_dir);
+
+class StepRunner {
+ public:
+  /// `name` ("step 1 (SFT)") appears in messages.
+  StepRunner(std::string name, const std::filesystem::path& output_dir, const CommonStepConfig& common,
+             const StepContext& context);
+
+  const std::filesystem::path& checkpoint_dir() const { return checkpoint_dir_; }
+  const std::filesystem::path& log_dir() const { return log_dir_; }
+  /// Whether a checkpoint to resume from exists (in checkpoint_dir()/<part> when the step keeps
+  /// several engines' checkpoints, as step 3 does).
+  bool can_resume(const std::string& part = "") const;
+
+  /// Call after every optimizer step with the number of optimizer steps taken so far and a
+  /// function that saves a checkpoint (collective). Saves every checkpoint_interval steps; on a
+  /// stop request saves and throws Interrupted.
+  void after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save);
+
+  /// Removes the checkpoints once the model and its summary are in place (rank 0; collective).
+  void finish();
+
+ private:
+  std::string name_;
+  std::filesystem::path checkpoint_dir_;
+  std::filesystem::path log_dir_;
+  CommonStepConfig common_;
+  const StepContext& context_;
+};
+
+}  // namespace rlhf
+}  // namespace dschat

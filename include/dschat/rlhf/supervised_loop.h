@@ -1,0 +1,179 @@
+#pragma once
+// The resumable epoch loop of a supervised trainer: step 1 (SFT), step 2 (reward model), and a
+// user's own supervised or pairwise trainer (DPO, ...). The trainer supplies its batches, its
+// forward + loss and its reports; the loop owns what must be identical everywhere for an
+// interrupted run to resume bit for bit:
+//   * resume: the engine checkpoint's client state {"epoch", "batch", ...the trainer's keys},
+//     the micro-batches of that epoch already consumed are fetched and skipped;
+//   * per micro-batch: engine.backward(loss), engine.step(); at the end of each accumulation
+//     window: the trainer's report, the progress line, an evaluation every eval_interval steps,
+//     runner.after_optimizer_step with a checkpoint of the position (Ctrl-C, checkpoint_interval);
+//   * evaluations before training (not when resuming), after every epoch, and once more when a
+//     run resumes after its last epoch; a checkpoint at every epoch end that leaves no
+//     accumulation window open (a window may run on into the next epoch);
+//   * the end: save_model (the trainer's final save), then runner.finish() drops the checkpoints.
+//
+//   rlhf::SupervisedLoop<data::SftBatch> loop;
+//   loop.epochs = 2;
+//   loop.epoch_batches = [&](int64_t epoch) { return data::EpochBatches<data::SftBatch>(sampler, epoch, ...); };
+//   loop.train_micro_batch = [&](const data::SftBatch& b) { return sft_loss(model->forward(...), ...); };
+//   loop.save_model = [&] { save_trained_model(engine, ...); };
+//   loop.run(runner, engine);
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/core/error.h"
+#include "dschat/core/model_config.h"
+#include "dschat/data/epoch_batches.h"
+#include "dschat/engine/training_engine.h"
+#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/step_context.h"
+#include "dschat/rlhf/step_runner.h"
+
+namespace dschat {
+namespace rlhf {
+
+/// Where a resumed run continues (passed to on_resume before anything else happens).
+struct ResumePoint {
+  int64_t epoch = 0;        // the epoch to continue; == epochs when every epoch had ended
+  int64_t micro_batch = 0;  // micro-batches of that epoch already consumed (skipped now)
+  nlohmann::json client_state;  // the checkpoint's whole client state, "epoch" and "batch" included
+};
+
+/// One micro-batch after its backward (before engine.step()).
+struct MicroBatchDone {
+  int64_t epoch = 0;
+  int64_t index = 0;  // 0-based micro-batch index within the epoch, skipped ones counted
+  double loss = 0.0;  // the micro-batch's loss as train_micro_batch returned it (this rank)
+};
+
+/// The optimizer step that just ended an accumulation window.
+struct OptimizerStepDone {
+  int64_t epoch = 0;
+  int64_t micro_batch = 0;   // micro-batches of the epoch consumed so far: the checkpoint's "batch"
+  int64_t step = 0;          // engine.global_steps() after the step
+  double seconds = 0.0;      // wall time since the previous window ended (or the epoch began)
+  double window_loss = 0.0;  // this rank's sum of loss / GAS over the window (not all-reduced)
+};
+
+/// An epoch whose micro-batches are all consumed (before its evaluation).
+struct EpochDone {
+  int64_t epoch = 0;
+  int64_t micro_batches = 0;  // trained by this rank in this run (a resume's skipped ones excluded)
+  double mean_loss = 0.0;     // their mean loss on this rank (0 when none); all-reduce it if needed
+};
+
+enum class EvaluationPoint {
+  kBeforeTraining,  // a fresh run, before the first micro-batch (step 0)
+  kInterval,        // after an optimizer step that is a multiple of eval_interval
+  kEpochEnd,        // after each epoch, before its checkpoint
+  kResumedAtEnd,    // a run resumed after its last epoch: nothing trains, the results are re-measured
+};
+
+struct EvaluationRequest {
+  EvaluationPoint point = EvaluationPoint::kBeforeTraining;
+  int64_t epoch = 0;  // the epoch running or just ended (0 before training, `epochs` at kResumedAtEnd)
+  int64_t step = 0;   // engine.global_steps()
+};
+
+/// The untyped part of the loop: settings and the hooks that see no batch. Unset optional hooks
+/// do nothing.
+struct SupervisedLoopSettings {
+  int64_t epochs = 1;
+  /// kInterval evaluations every this many optimizer steps; 0: none.
+  int64_t eval_interval = 0;
+  /// The progress display (monitor::Progress): label, total optimizer steps of the whole run
+  /// (optimizer_steps_for), a plain line every `progress_interval` steps, plain lines only.
+  std::string progress_label = "training";
+  int64_t progress_total = 0;
+  int64_t progress_interval = 1;
+  bool plain_progress = false;
+
+  /// epochs, progress_interval and plain_progress from a step's config (num_train_epochs,
+  /// print_interval) and context (progress bars or plain lines).
+  void use_step_config(const CommonStepConfig& common, const StepContext& context);
+
+  /// Evaluates and reports (log lines, metrics rows) at the request's point.
+  std::function<void(const EvaluationRequest&)> evaluate;
+  /// The trainer's keys for every checkpoint (an object without "epoch" and "batch", which the
+  /// loop adds); called at each save.
+  std::function<nlohmann::json()> client_state;
+  /// Restores the trainer's state from a checkpoint (e.g. the "before" evaluation) and logs the
+  /// resume.
+  std::function<void(const ResumePoint&)> on_resume;
+  std::function<void(const MicroBatchDone&)> after_backward;
+  std::function<void(const EpochDone&)> on_epoch_end;
+  /// Required: saves the trained model. Called once at the end, before the checkpoints are removed.
+  std::function<void()> save_model;
+};
+
+/// One epoch's micro-batches as the untyped loop sees them; SupervisedLoop<Batch> builds it over
+/// data::EpochBatches<Batch>. A trainer with its own batch source may build it directly.
+struct SupervisedEpoch {
+  int64_t micro_batches = 0;                                                // this rank's, for the log
+  std::function<bool()> next;                                               // fetch one; false after the last
+  std::function<torch::Tensor()> loss;                                      // forward + loss of the fetched one, []
+  std::function<std::string(const OptimizerStepDone&)> on_optimizer_step;  // report; returns the progress text
+};
+
+/// DeepSpeed-Chat's per-step throughput line (monitor::training_throughput_line) on rank 0 every
+/// common.print_interval optimizer steps: `rows` trained per optimizer step on one rank (SFT:
+/// micro x GAS; a pairwise trainer counts chosen and rejected), `sequence` tokens per row.
+void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t sequence, const core::ModelConfig& model,
+                         const ModelTrainingConfig& training, const CommonStepConfig& common,
+                         const StepContext& context);
+
+/// Runs the loop (see the file comment). Collective when the engine is: every rank runs it with
+/// the same number of micro-batches. Throws core::InvalidArgument for missing required hooks,
+/// a negative epoch count or a client state that is not an object or uses "epoch"/"batch";
+/// Interrupted from runner.after_optimizer_step when stopped; whatever the hooks throw.
+void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& runner, engine::TrainingEngine& engine,
+                         const std::function<SupervisedEpoch(int64_t epoch)>& begin_epoch);
+
+/// The loop over data::EpochBatches<Batch>: SFT uses data::SftBatch, the reward model
+/// data::RewardBatch, a pairwise trainer its own batch type.
+template <class Batch>
+struct SupervisedLoop : SupervisedLoopSettings {
+  /// Required: the micro-batches of one epoch (a distributed sampler's epoch, collated).
+  std::function<data::EpochBatches<Batch>(int64_t epoch)> epoch_batches;
+  /// Required: forward + loss of one micro-batch, a [] tensor; the loop calls engine.backward.
+  std::function<torch::Tensor(const Batch&)> train_micro_batch;
+  /// At the end of each accumulation window, with the window's last micro-batch: metrics rows,
+  /// the throughput line. Returns the text after the progress bar ("loss 0.42").
+  std::function<std::string(const OptimizerStepDone&, const Batch&)> on_optimizer_step;
+
+  void run(StepRunner& runner, engine::TrainingEngine& engine) const {
+    DSCHAT_CHECK(epoch_batches && train_micro_batch, InvalidArgument,
+                 "SupervisedLoop: epoch_batches and train_micro_batch are required");
+    run_supervised_loop(*this, runner, engine, [this](int64_t epoch) {
+      // Shared by the three closures; the fetched batch lives until the next fetch, as a
+      // `while (auto batch = batches.next())` loop's would.
+      struct State {
+        data::EpochBatches<Batch> batches;
+        std::optional<Batch> current;
+      };
+      auto state = std::make_shared<State>(State{epoch_batches(epoch), std::nullopt});
+      SupervisedEpoch out;
+      out.micro_batches = state->batches.size();
+      out.next = [state] {
+        state->current = state->batches.next();
+        return state->current.has_value();
+      };
+      out.loss = [this, state] { return train_micro_batch(*state->current); };
+      out.on_optimizer_step = [this, state](const OptimizerStepDone& done) {
+        return on_optimizer_step ? on_optimizer_step(done, *state->current) : std::string();
+      };
+      return out;
+    });
+  }
+};
+
+}  // namespace rlhf
+}  // namespace dschat

@@ -1,0 +1,117 @@
+#include "dschat/models/load_save.h"
+
+#include <fstream>
+
+#include "core/log.h"
+#include "dschat/core/error.h"
+#include "dschat/io/model_source.h"
+#include "dschat/io/state_dict.h"
+
+namespace dschat {
+namespace models {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Source {
+  core::ModelConfig config;
+  fs::path dir;  // empty for a preset
+};
+
+Source find_source(const std::string& name_or_path, bool random_init) {
+  if (random_init) {
+    if (auto preset = core::model_preset(name_or_path)) return {*preset, {}};
+  }
+  fs::path dir = io::resolve_model_dir(name_or_path);
+  return {core::load_model_config(dir.string()), dir};
+}
+
+// transformers' initialisation (normal(0, 0.02) weights, zero biases, unit norms), so random
+// models have realistic activation scales for benchmarks.
+void init_like_transformers(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    bool is_norm = name.find("norm") != std::string::npos;
+    if (p.dim() >= 2) {
+      p.normal_(0.0, 0.02);
+    } else if (is_norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
+      p.fill_(1.0);
+    } else {
+      p.zero_();
+    }
+  }
+}
+
+template <typename ModelHolder, typename Load>
+ModelHolder build(const std::string& name_or_path, const LoadOptions& options, Load load) {
+  Source source = find_source(name_or_path, options.random_init);
+  if (options.dropout) {
+    DSCHAT_CHECK(*options.dropout >= 0.0 && *options.dropout < 1.0, InvalidArgument, name_or_path,
+                 ": dropout must be in [0, 1), got ", *options.dropout);
+    source.config.dropout = source.config.attention_dropout = source.config.activation_dropout = *options.dropout;
+  }
+  ModelHolder model(source.config);
+  if (options.random_init) {
+    init_like_transformers(*model);
+  } else {
+    load(model, io::load_state_dict(source.dir), source.dir.string());
+  }
+  model->to(options.device, options.dtype);
+  model->eval();
+  core::log_debug("loaded ", source.config.model_type, " model from ",
+                  source.dir.empty() ? name_or_path + " (preset)" : source.dir.string());
+  return model;
+}
+
+void write_config(const core::ModelConfig& config, const fs::path& dir, torch::ScalarType dtype) {
+  core::ModelConfig out = config;
+  out.torch_dtype = dtype == torch::kBFloat16 ? "bfloat16" : dtype == torch::kFloat16 ? "float16" : "float32";
+  fs::create_directories(dir);
+  fs::path tmp = dir / "config.json.tmp";
+  {
+    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+    file << core::model_config_to_json(out);
+    DSCHAT_CHECK(file.good(), IoError, tmp.string(), ": write failed");
+  }
+  fs::rename(tmp, dir / "config.json");
+}
+
+}  // namespace
+
+// Weights first, config last: a directory with a config.json always has complete weights.
+void save_model_tensors(const NamedTensors& state, const core::ModelConfig& config, const fs::path& dir,
+                int64_t max_shard_bytes) {
+  io::TensorMap weights;
+  for (const auto& [name, tensor] : state) weights.emplace(name, tensor.detach().to(torch::kCPU));
+  io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
+  write_config(config, dir, weights.begin()->second.scalar_type());
+}
+
+CausalLM load_causal_lm(const std::string& name_or_path, const LoadOptions& options) {
+  return build<CausalLM>(name_or_path, options,
+                                 [](CausalLM& m, const io::TensorMap& w, const std::string& where) {
+                                   m->load_weights(w, where);
+                                 });
+}
+
+ValueHeadModel load_value_model(const std::string& name_or_path, const LoadOptions& options,
+                                        bool allow_missing_head) {
+  return build<ValueHeadModel>(
+      name_or_path, options, [&](ValueHeadModel& m, const io::TensorMap& w, const std::string& where) {
+        m->load_weights(w, where, allow_missing_head);
+      });
+}
+
+void save_causal_lm(CausalLM& model, const fs::path& dir, int64_t max_shard_bytes) {
+  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
+}
+
+void save_value_model(ValueHeadModel& model, const fs::path& dir, int64_t max_shard_bytes) {
+  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
+}
+
+
+}  // namespace models
+}  // namespace dschat

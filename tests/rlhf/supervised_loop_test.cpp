@@ -1,0 +1,267 @@
+// rlhf::SupervisedLoop driven directly, without the SFT/RM trainers: the tiny OPT fixture (dropout
+// 0.1, so a resume must also restore the random state) learns the next tokens of a toy dataset of
+// 10 rows, 2 rows a micro-batch, 2 micro-batches an optimizer step, 2 epochs. An epoch has 5
+// micro-batches, so the third optimizer step's window spans the epoch boundary.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dschat/data/sampler.h"
+#include "dschat/engine/training_engine.h"
+#include "dschat/models/load_save.h"
+#include "dschat/rlhf/sft_loss.h"
+#include "dschat/rlhf/supervised_loop.h"
+#include "rlhf/step_runner_testing.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using rlhf::EvaluationPoint;
+
+constexpr int64_t kRows = 10, kMicro = 2, kGas = 2, kEpochs = 2;
+
+struct ToyBatch {
+  torch::Tensor input_ids;  // [B, T] int64
+};
+
+// Resets the crash seam however the test leaves, so no other test inherits it.
+struct CrashAfter {
+  explicit CrashAfter(int64_t steps) { rlhf::testing::set_crash_after_optimizer_steps(steps); }
+  ~CrashAfter() { rlhf::testing::set_crash_after_optimizer_steps(0); }
+};
+
+// What one run's hooks saw, in order.
+struct Record {
+  std::vector<std::string> events;
+  std::vector<rlhf::OptimizerStepDone> steps;
+  std::vector<rlhf::EpochDone> epochs;
+  std::vector<rlhf::MicroBatchDone> micro_batches;
+  std::vector<double> losses;  // what train_micro_batch returned, in order
+  std::optional<rlhf::ResumePoint> resumed;
+  int64_t evaluations = 0;
+  bool checkpoint_at_save = false;  // a checkpoint existed when save_model ran
+  std::map<std::string, torch::Tensor> parameters;  // at the end of the run
+  int64_t micro_steps = 0, global_steps = 0;
+};
+
+const char* point_name(EvaluationPoint point) {
+  switch (point) {
+    case EvaluationPoint::kBeforeTraining: return "before";
+    case EvaluationPoint::kInterval: return "interval";
+    case EvaluationPoint::kEpochEnd: return "epoch_end";
+    case EvaluationPoint::kResumedAtEnd: return "resumed_at_end";
+  }
+  return "?";
+}
+
+struct RunOptions {
+  int64_t checkpoint_interval = 0;
+  int64_t eval_interval = 0;
+  bool perturb = false;          // shift every parameter first: only a checkpoint can undo it
+  bool fail_save = false;        // save_model throws (the checkpoints stay)
+  json extra_client_state = json::object();  // merged into the hook's client state
+};
+
+class SupervisedLoopTest : public ::testing::Test {
+ protected:
+  SupervisedLoopTest() {
+    torch::manual_seed(21);
+    rows_ = torch::randint(3, 512, {kRows, 8}, torch::kInt64);  // [10, 8] int64
+  }
+
+  // One run of the loop with output directory <tmp>/<name> over a freshly loaded model and engine.
+  Record run(const std::string& name, const RunOptions& options) {
+    Record r;
+    torch::manual_seed(options.perturb ? 999 : 1234);
+    models::CausalLM model = models::load_causal_lm(testing::fixture("opt-preln").string());
+    if (options.perturb) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(0.5);
+    }
+    model->train();
+    engine::TrainingEngineOptions engine_options;
+    engine_options.config = engine::DeepSpeedConfig::parse(
+        {{"train_batch_size", kMicro * kGas}, {"train_micro_batch_size_per_gpu", kMicro}}, 1, "test");
+    engine_options.optimizer.lr = 1e-2;
+    engine::TrainingEngine engine(model.ptr(), engine_options);
+
+    rlhf::CommonStepConfig common;
+    common.checkpoint_interval = options.checkpoint_interval;
+    rlhf::StepContext context;
+    context.progress = false;
+    rlhf::StepRunner runner("toy step", tmp_ / name, common, context);
+    data::DistributedSampler sampler(kRows, 1, 0, /*shuffle=*/true, /*seed=*/7);
+
+    rlhf::SupervisedLoop<ToyBatch> loop;
+    loop.epochs = kEpochs;
+    loop.eval_interval = options.eval_interval;
+    loop.progress_label = "toy";
+    loop.progress_total = 5;
+    loop.plain_progress = true;
+    loop.epoch_batches = [&](int64_t epoch) {
+      return data::EpochBatches<ToyBatch>(sampler, epoch, kMicro, false, [this](const std::vector<int64_t>& items) {
+        return ToyBatch{rows_.index_select(0, torch::tensor(items, torch::kInt64))};
+      });
+    };
+    torch::Tensor last_ids;  // [B, T] int64: the micro-batch trained last
+    loop.train_micro_batch = [&](const ToyBatch& batch) {
+      last_ids = batch.input_ids;
+      torch::Tensor loss = rlhf::causal_lm_loss(model->forward(batch.input_ids), batch.input_ids);  // []
+      r.losses.push_back(loss.item<double>());
+      return loss;
+    };
+    loop.after_backward = [&](const rlhf::MicroBatchDone& done) { r.micro_batches.push_back(done); };
+    loop.on_optimizer_step = [&](const rlhf::OptimizerStepDone& done, const ToyBatch& batch) {
+      EXPECT_TRUE(torch::equal(batch.input_ids, last_ids)) << "step " << done.step << " got another batch";
+      EXPECT_EQ(done.step, engine.global_steps());
+      r.steps.push_back(done);
+      r.events.push_back("step " + std::to_string(done.step));
+      return "loss " + std::to_string(done.window_loss);
+    };
+    loop.on_epoch_end = [&](const rlhf::EpochDone& done) {
+      r.epochs.push_back(done);
+      r.events.push_back("epoch_end " + std::to_string(done.epoch));
+    };
+    loop.evaluate = [&](const rlhf::EvaluationRequest& at) {
+      ++r.evaluations;
+      r.events.push_back(std::string("eval ") + point_name(at.point) + " e" + std::to_string(at.epoch) + " s" +
+                         std::to_string(at.step));
+    };
+    loop.client_state = [&] {
+      json state = {{"evaluations", r.evaluations}, {"marker", "toy"}};
+      state.update(options.extra_client_state);
+      return state;
+    };
+    loop.on_resume = [&](const rlhf::ResumePoint& at) {
+      r.resumed = at;
+      r.events.push_back("resume e" + std::to_string(at.epoch) + " b" + std::to_string(at.micro_batch));
+    };
+    loop.save_model = [&] {
+      r.events.push_back("save_model");
+      r.checkpoint_at_save = runner.can_resume();
+      if (options.fail_save) throw std::runtime_error("disk full");
+    };
+    loop.run(runner, engine);
+    for (const auto& item : model->named_parameters()) r.parameters[item.key()] = item.value().detach().clone();
+    r.micro_steps = engine.micro_steps();
+    r.global_steps = engine.global_steps();
+    return r;
+  }
+
+  fs::path checkpoints(const std::string& name) const { return tmp_ / (name + "_checkpoints"); }
+
+  testing::TempDir tmp_;
+  torch::Tensor rows_;  // [10, 8] int64
+};
+
+TEST_F(SupervisedLoopTest, AccumulatesStepsAndCallsTheHooksInOrder) {
+  RunOptions options;
+  options.eval_interval = 2;
+  const Record r = run("plain", options);
+  EXPECT_EQ(r.micro_steps, 10);
+  EXPECT_EQ(r.global_steps, 5);
+  ASSERT_EQ(r.losses.size(), 10u);
+  const std::vector<std::string> expected = {
+      "eval before e0 s0", "step 1", "step 2", "eval interval e0 s2", "epoch_end 0", "eval epoch_end e0 s2",
+      "step 3", "step 4", "eval interval e1 s4", "step 5", "epoch_end 1", "eval epoch_end e1 s5", "save_model"};
+  EXPECT_EQ(r.events, expected);
+
+  // (epoch, micro-batches of the epoch consumed) at each step: the resume positions.
+  const std::vector<std::pair<int64_t, int64_t>> positions = {{0, 2}, {0, 4}, {1, 1}, {1, 3}, {1, 5}};
+  ASSERT_EQ(r.steps.size(), positions.size());
+  for (size_t i = 0; i < positions.size(); ++i) {
+    EXPECT_EQ(r.steps[i].epoch, positions[i].first) << "step " << i + 1;
+    EXPECT_EQ(r.steps[i].micro_batch, positions[i].second) << "step " << i + 1;
+    EXPECT_GE(r.steps[i].seconds, 0.0);
+  }
+  // Windows inside one epoch report Σ loss / GAS over their two micro-batches (micro-steps 1-2, 3-4, 7-8, 9-10).
+  for (auto [step, first] : std::vector<std::pair<size_t, size_t>>{{1, 0}, {2, 2}, {4, 6}, {5, 8}}) {
+    EXPECT_DOUBLE_EQ(r.steps[step - 1].window_loss, r.losses[first] / 2.0 + r.losses[first + 1] / 2.0) << step;
+  }
+
+  ASSERT_EQ(r.micro_batches.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(r.micro_batches[i].epoch, static_cast<int64_t>(i / 5));
+    EXPECT_EQ(r.micro_batches[i].index, static_cast<int64_t>(i % 5));
+    EXPECT_EQ(r.micro_batches[i].loss, r.losses[i]);
+  }
+  ASSERT_EQ(r.epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    double sum = 0.0;
+    for (size_t i = 5 * e; i < 5 * e + 5; ++i) sum += r.losses[i];
+    EXPECT_EQ(r.epochs[e].epoch, static_cast<int64_t>(e));
+    EXPECT_EQ(r.epochs[e].micro_batches, 5);
+    EXPECT_DOUBLE_EQ(r.epochs[e].mean_loss, sum / 5.0);
+  }
+  // The last epoch ends on a window boundary, so its checkpoint exists when the model is saved
+  // (the first epoch's end is inside a window: saving there would throw); then they are removed.
+  EXPECT_TRUE(r.checkpoint_at_save);
+  EXPECT_FALSE(fs::exists(checkpoints("plain")));
+  // Training did something: the loss of the last epoch is below the first's.
+  EXPECT_LT(r.epochs[1].mean_loss, r.epochs[0].mean_loss);
+}
+
+TEST_F(SupervisedLoopTest, AStoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  const Record straight = run("straight", options);
+  {
+    CrashAfter crash(3);
+    EXPECT_THROW(run("resumed", options), rlhf::Interrupted);
+  }
+  ASSERT_TRUE(fs::exists(checkpoints("resumed") / "latest"));
+  options.perturb = true;
+  const Record second = run("resumed", options);
+
+  ASSERT_TRUE(second.resumed.has_value());
+  EXPECT_EQ(second.resumed->epoch, 1);        // step 3 ended at epoch 1's first micro-batch
+  EXPECT_EQ(second.resumed->micro_batch, 1);
+  EXPECT_EQ(second.resumed->client_state.at("marker"), "toy");  // the hook's keys came back
+  EXPECT_EQ(second.resumed->client_state.at("evaluations"), 2);  // before training + epoch 0's end
+  const std::vector<std::string> events = {"resume e1 b1", "step 4", "step 5", "epoch_end 1", "eval epoch_end e1 s5",
+                                           "save_model"};
+  EXPECT_EQ(second.events, events);  // no evaluation before training on a resume
+  EXPECT_EQ(second.global_steps, 5);
+  ASSERT_EQ(second.losses.size(), 4u);  // epoch 1's first micro-batch was skipped
+  ASSERT_EQ(straight.losses.size(), 10u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], straight.losses[6 + i]) << "micro-batch " << 6 + i;
+  ASSERT_EQ(second.parameters.size(), straight.parameters.size());
+  for (const auto& [name, value] : straight.parameters) {
+    EXPECT_TRUE(torch::equal(second.parameters.at(name), value)) << name;
+  }
+}
+
+TEST_F(SupervisedLoopTest, ARunResumedAfterItsLastEpochOnlyReevaluatesAndSaves) {
+  RunOptions failing;
+  failing.fail_save = true;
+  EXPECT_THROW(run("ended", failing), std::runtime_error);
+  // The last epoch's end checkpoint survives the failed save.
+  ASSERT_TRUE(fs::exists(checkpoints("ended") / "latest"));
+  const Record again = run("ended", RunOptions());
+  ASSERT_TRUE(again.resumed.has_value());
+  EXPECT_EQ(again.resumed->client_state.at("epoch"), 2);
+  EXPECT_EQ(again.resumed->client_state.at("batch"), 0);
+  EXPECT_EQ(again.resumed->client_state.at("evaluations"), 3);  // before + both epoch ends
+  const std::vector<std::string> events = {"resume e2 b0", "eval resumed_at_end e2 s5", "save_model"};
+  EXPECT_EQ(again.events, events);
+  EXPECT_TRUE(again.losses.empty());
+  EXPECT_FALSE(fs::exists(checkpoints("ended")));
+}
+
+TEST_F(SupervisedLoopTest, RefusesAClientStateThatWouldOverwriteThePosition) {
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  options.extra_client_state = {{"batch", 99}};
+  EXPECT_THROW_WITH(run("clash", options), core::InvalidArgument, "'epoch' and 'batch'");
+}
+
+}  // namespace
+}  // namespace dschat

@@ -1,0 +1,118 @@
+#include "app/train_command.h"
+
+#include <csignal>
+
+#include "dschat/core/error.h"
+#include "dschat/core/json_file.h"
+#include "dschat/dist/launch_env.h"
+
+namespace dschat {
+namespace app {
+using namespace rlhf;
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_stop_signal(int signal_number) {
+  if (g_stop_requested.exchange(true)) {
+    std::signal(signal_number, SIG_DFL);  // second signal: the default action, at once
+    std::raise(signal_number);
+  }
+}
+
+// A bundled path of the demo: as given when it exists from here, else under the source tree.
+std::string bundled_path(const std::string& path, const fs::path& source_dir) {
+  if (path.empty() || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  const fs::path candidate = source_dir / path;
+  return fs::exists(candidate) ? candidate.string() : path;
+}
+
+bool is_demo(const TrainArguments& args) {
+  return !args.actor && !args.reward && !args.deployment && !args.config_file;
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir) {
+  nlohmann::json json;
+  if (is_demo(args)) {
+    json = demo_config();
+    for (const char* key : {"actor_model", "reward_model", "tokenizer"}) {
+      if (json.contains(key)) json[key] = bundled_path(json[key].get<std::string>(), source_dir);
+    }
+    auto resolve_data_dir = [&](nlohmann::json& block) {
+      if (!block.contains("data") || !block["data"].contains("local_jsonfile_dir")) return;
+      nlohmann::json& dir = block["data"]["local_jsonfile_dir"];
+      dir = bundled_path(dir.get<std::string>(), source_dir);
+    };
+    resolve_data_dir(json);
+    for (const char* step : {"step1", "step2", "step3"}) {
+      if (json.contains(step)) resolve_data_dir(json[step]);
+    }
+  } else {
+    // The file's "preset" says what it is merged over: "auto" (default) the preset of
+    // (deployment, actor, reward), "demo" the embedded demo, "none" DeepSpeed-Chat's defaults.
+    nlohmann::json file = args.config_file ? core::read_json_file(*args.config_file) : nlohmann::json::object();
+    const std::string preset = file.is_object() ? file.value("preset", std::string("auto")) : "auto";
+    if (file.is_object()) file.erase("preset");
+    if (preset == "demo") {
+      TrainArguments demo_args;
+      json = plan_json(demo_args, source_dir);
+    } else if (preset == "none") {
+      json = nlohmann::json::object();
+    } else {
+      DSCHAT_CHECK(preset == "auto", ConfigError, *args.config_file, ": key 'preset' must be auto, demo or none, got '",
+                   preset, "'");
+      const auto pick = [&](const std::optional<std::string>& flag, const char* key, const char* fallback) {
+        return flag ? *flag : file.is_object() && file.contains(key) ? file[key].get<std::string>() : fallback;
+      };
+      json = preset_config(pick(args.deployment, "deployment", "single_gpu"),
+                           pick(args.actor, "actor_model", "facebook/opt-1.3b"),
+                           pick(args.reward, "reward_model", "facebook/opt-350m"));
+    }
+    json = merge_config(json, file);
+    if (args.actor) json["actor_model"] = *args.actor;
+    if (args.reward) json["reward_model"] = *args.reward;
+    if (args.deployment) json["deployment"] = *args.deployment;
+  }
+  if (args.output_dir) json["output_dir"] = *args.output_dir;
+  if (args.init) json["init"] = *args.init;
+  if (args.tokenizer) json["tokenizer"] = *args.tokenizer;
+  if (!args.steps.empty()) json["steps"] = args.steps;
+  if (!args.data_path.empty()) json["data"]["data_path"] = args.data_path;
+  return json;
+}
+
+TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
+  TrainPlan plan;
+  const nlohmann::json json = plan_json(args, source_dir);
+  const std::string where = args.config_file ? *args.config_file : is_demo(args) ? "configs/demo.json" : "preset";
+  plan.config = parse_pipeline_config(json, where);
+  plan.demo = plan.config.demo_report;
+  // "reward_model": "step1" starts the reward model from the SFT output (the demo's choice: a
+  // random 2-layer model cannot learn the task's correctness from its few hundred pairs).
+  if (json.value("reward_model", std::string()) == "step1") {
+    plan.config.step2.model_name_or_path = plan.config.step1.output_dir;
+  }
+  // The held-out prompts of the pairs (step 1 may train on other records of the same prompts).
+  if (plan.demo) plan.demo_eval_file = fs::path(plan.config.step3.data.local_jsonfile_dir) / "eval.json";
+  return plan;
+}
+
+std::shared_ptr<dist::Communicator> communicator_from_environment() {
+  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
+  if (env.world_size <= 1) return nullptr;
+  return std::make_shared<dist::Communicator>(dist::Communicator::create(env));
+}
+
+const std::atomic<bool>* install_stop_signal_handler() {
+  g_stop_requested = false;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  return &g_stop_requested;
+}
+
+}  // namespace app
+}  // namespace dschat

@@ -1,0 +1,51 @@
+#pragma once
+// What `dschat train|sft|rm|ppo` do between parsing flags and running steps: pick the preset
+// (or the embedded demo when no model, deployment or config is named), merge the user's config
+// file and flags over it, resolve the demo's bundled paths, join the launcher's job, and turn
+// Ctrl-C into a stop request the trainers answer by saving a checkpoint.
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/dist/process_group.h"
+#include "dschat/rlhf/pipeline_config.h"
+
+namespace dschat {
+namespace app {
+
+struct TrainArguments {
+  std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer;
+  std::vector<int> steps;
+  std::vector<std::string> data_path;
+};
+
+struct TrainPlan {
+  rlhf::PipelineConfig config;
+  bool demo = false;
+  std::filesystem::path demo_eval_file;  // the demo's held-out prompts
+};
+
+/// No actor, reward, deployment or config file: the embedded demo, its relative paths resolved
+/// against the working directory, else `source_dir` (the dschat checkout the binary was built
+/// from). Otherwise the preset of (deployment, actor, reward), the config file merged over it,
+/// then the flags. Throws core::ConfigError naming the file or flag.
+TrainPlan plan_train(const TrainArguments& args, const std::filesystem::path& source_dir);
+
+/// The JSON the plan was parsed from, written to <output_dir>/train_config.json for the record.
+nlohmann::json plan_json(const TrainArguments& args, const std::filesystem::path& source_dir);
+
+/// The data-parallel job this process belongs to (torchrun / mpirun / srun / `dschat launch`
+/// variables), or null for a single process.
+std::shared_ptr<dist::Communicator> communicator_from_environment();
+
+/// Installs a SIGINT/SIGTERM handler that raises the returned flag; a second signal restores
+/// the default action (so a second Ctrl-C kills at once).
+const std::atomic<bool>* install_stop_signal_handler();
+
+}  // namespace app
+}  // namespace dschat
