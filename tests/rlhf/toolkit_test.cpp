@@ -106,8 +106,12 @@ hybrid::HybridEngineOptions small_engine_options() {
 }
 
 TEST(Toolkit, ExperienceFromAPolicyAReferenceAndARewardFunctionWithoutACritic) {
-  models::CausalLM policy = models::load_causal_lm(fixture("opt-preln").string(), {});
-  models::CausalLM reference = models::load_causal_lm(fixture("opt-preln").string(), {});
+  // No dropout: the policy scores in train mode (as DS-Chat), the reference in eval mode, and the
+  // two must then agree.
+  models::LoadOptions load;
+  load.dropout = 0.0;
+  models::CausalLM policy = models::load_causal_lm(fixture("opt-preln").string(), load);
+  models::CausalLM reference = models::load_causal_lm(fixture("opt-preln").string(), load);
   hybrid::HybridEngine actor(policy, small_engine_options());
   int64_t reward_calls = 0;
   rlhf::ExperienceSources sources;
