@@ -21,8 +21,6 @@ json read_json(const fs::path& file) {
   return value;
 }
 
-constexpr int kCheckpointVersion = 2;
-
 }  // namespace
 
 std::string latest_checkpoint_tag(const fs::path& dir) {

@@ -20,8 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kCheckpointVersion = 2;
-
 // "state.<k>.<field>" keys of AdamW's state dict, by the parameter (piece) name at index k.
 std::map<std::string, int64_t> optimizer_index_by_name(const AdamWStateDict& state) {
   std::map<std::string, int64_t> index;

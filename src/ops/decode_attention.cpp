@@ -15,7 +15,7 @@ namespace dschat {
 namespace ops {
 namespace {
 
-void check_arguments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+void check_decode_attention_arguments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const torch::Tensor& mask, int64_t length) {
   DSCHAT_CHECK(q.defined() && q.dim() == 4 && q.size(2) == 1, InvalidArgument,
                "decode_attention: expected q of shape [B, H, 1, D], got ", detail::shape_of(q));
@@ -67,7 +67,7 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k_cache, co
 // keeps the kernel's vector-alignment test from failing on it).
 int64_t stride_of(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
 
-torch::Tensor run_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+torch::Tensor run_decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                          const torch::Tensor& mask, int64_t length, double scale) {
   c10::cuda::CUDAGuard guard(q.device());
   torch::Tensor queries = q.stride(3) == 1 ? q : q.contiguous();                                      // [B, H, 1, D]
@@ -124,17 +124,17 @@ torch::Tensor run_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, c
 torch::Tensor decode_attention_reference(const torch::Tensor& q, const torch::Tensor& k_cache,
                                          const torch::Tensor& v_cache, const torch::Tensor& attention_mask,
                                          int64_t length, double scale) {
-  check_arguments(q, k_cache, v_cache, attention_mask, length);
+  check_decode_attention_arguments(q, k_cache, v_cache, attention_mask, length);
   return reference(q, k_cache, v_cache, attention_mask, length, scale);
 }
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& attention_mask, int64_t length, double scale) {
-  check_arguments(q, k_cache, v_cache, attention_mask, length);
+  check_decode_attention_arguments(q, k_cache, v_cache, attention_mask, length);
 #ifdef DSCHAT_WITH_CUDA
   if (detail::kernel_applies(q, {q, k_cache, v_cache}) &&
       q.size(3) <= kernels::kDecodeAttentionMaxHeadDim && q.size(0) <= 65535 && q.size(1) <= 65535) {
-    return run_kernel(q, k_cache, v_cache, attention_mask, length, scale);
+    return run_decode_attention_kernel(q, k_cache, v_cache, attention_mask, length, scale);
   }
 #endif
   return reference(q, k_cache, v_cache, attention_mask, length, scale);

@@ -32,7 +32,7 @@ void check_vector(const char* op, const char* name, const torch::Tensor& vector,
                ", x on ", x.device());
 }
 
-void check_arguments(const char* op, const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& residual,
+void check_residual_norm_arguments(const char* op, const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& residual,
                      const torch::Tensor& weight, const torch::Tensor& beta, bool rms) {
   DSCHAT_CHECK(x.defined() && x.dim() >= 1, InvalidArgument, op, ": expected x of shape [..., H], got ",
                detail::shape_of(x));
@@ -53,7 +53,7 @@ torch::Tensor residual_sum(const torch::Tensor& x, const torch::Tensor& bias, co
 }
 
 #ifdef DSCHAT_WITH_CUDA
-ResidualNormOutput run_kernel(const char* op, const torch::Tensor& x, const torch::Tensor& bias,
+ResidualNormOutput run_residual_norm_kernel(const char* op, const torch::Tensor& x, const torch::Tensor& bias,
                               const torch::Tensor& residual, const torch::Tensor& weight, const torch::Tensor& beta,
                               double eps, bool rms) {
   c10::cuda::CUDAGuard guard(x.device());
@@ -87,7 +87,7 @@ ResidualNormOutput run_kernel(const char* op, const torch::Tensor& x, const torc
 ResidualNormOutput bias_residual_layer_norm_reference(const torch::Tensor& x, const torch::Tensor& bias,
                                                       const torch::Tensor& residual, const torch::Tensor& weight,
                                                       const torch::Tensor& beta, double eps) {
-  check_arguments("bias_residual_layer_norm", x, bias, residual, weight, beta, false);
+  check_residual_norm_arguments("bias_residual_layer_norm", x, bias, residual, weight, beta, false);
   torch::Tensor sum = residual_sum(x, bias, residual);  // [..., H]
   return {torch::layer_norm(sum, {x.size(-1)}, weight, beta, eps), sum};
 }
@@ -96,9 +96,9 @@ ResidualNormOutput bias_residual_layer_norm(const torch::Tensor& x, const torch:
                                             const torch::Tensor& residual, const torch::Tensor& weight,
                                             const torch::Tensor& beta, double eps) {
 #ifdef DSCHAT_WITH_CUDA
-  check_arguments("bias_residual_layer_norm", x, bias, residual, weight, beta, false);
+  check_residual_norm_arguments("bias_residual_layer_norm", x, bias, residual, weight, beta, false);
   if (detail::kernel_applies(x, {x, bias, residual, weight, beta})) {
-    return run_kernel("bias_residual_layer_norm", x, bias, residual, weight, beta, eps, false);
+    return run_residual_norm_kernel("bias_residual_layer_norm", x, bias, residual, weight, beta, eps, false);
   }
 #endif
   return bias_residual_layer_norm_reference(x, bias, residual, weight, beta, eps);
@@ -107,7 +107,7 @@ ResidualNormOutput bias_residual_layer_norm(const torch::Tensor& x, const torch:
 ResidualNormOutput bias_residual_rms_norm_reference(const torch::Tensor& x, const torch::Tensor& bias,
                                                     const torch::Tensor& residual, const torch::Tensor& weight,
                                                     double eps) {
-  check_arguments("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), true);
+  check_residual_norm_arguments("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), true);
   torch::Tensor sum = residual_sum(x, bias, residual);  // [..., H]
   return {rms_norm_reference(sum, weight, eps), sum};
 }
@@ -115,9 +115,9 @@ ResidualNormOutput bias_residual_rms_norm_reference(const torch::Tensor& x, cons
 ResidualNormOutput bias_residual_rms_norm(const torch::Tensor& x, const torch::Tensor& bias,
                                           const torch::Tensor& residual, const torch::Tensor& weight, double eps) {
 #ifdef DSCHAT_WITH_CUDA
-  check_arguments("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), true);
+  check_residual_norm_arguments("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), true);
   if (detail::kernel_applies(x, {x, bias, residual, weight})) {
-    return run_kernel("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), eps, true);
+    return run_residual_norm_kernel("bias_residual_rms_norm", x, bias, residual, weight, torch::Tensor(), eps, true);
   }
 #endif
   return bias_residual_rms_norm_reference(x, bias, residual, weight, eps);

@@ -15,7 +15,7 @@ namespace dschat {
 namespace ops {
 namespace {
 
-void check_arguments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
+void check_rotary_arguments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& cos,
                      const torch::Tensor& sin) {
   DSCHAT_CHECK(q.defined() && q.dim() == 4, InvalidArgument, "rotary_embedding: expected q of shape [B, H, T, D], got ",
                detail::shape_of(q));
@@ -41,7 +41,7 @@ void check_arguments(const torch::Tensor& q, const torch::Tensor& k, const torch
 #ifdef DSCHAT_WITH_CUDA
 int64_t stride_of(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
 
-std::pair<torch::Tensor, torch::Tensor> run_kernel(const torch::Tensor& q, const torch::Tensor& k,
+std::pair<torch::Tensor, torch::Tensor> run_rotary_kernel(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& cos, const torch::Tensor& sin) {
   c10::cuda::CUDAGuard guard(q.device());
   torch::Tensor qs = q.stride(3) == 1 ? q : q.contiguous();  // [B, H, T, D]
@@ -88,10 +88,10 @@ torch::Tensor rotary_embedding_reference(const torch::Tensor& x, const torch::Te
 
 std::pair<torch::Tensor, torch::Tensor> rotary_embedding(const torch::Tensor& q, const torch::Tensor& k,
                                                          const torch::Tensor& cos, const torch::Tensor& sin) {
-  check_arguments(q, k, cos, sin);
+  check_rotary_arguments(q, k, cos, sin);
 #ifdef DSCHAT_WITH_CUDA
   if (detail::kernel_applies(q, {q, k, cos, sin}) && q.size(0) * q.size(2) <= 0x7fffffff) {
-    return run_kernel(q, k, cos, sin);
+    return run_rotary_kernel(q, k, cos, sin);
   }
 #endif
   return {rotary_embedding_reference(q, cos, sin), rotary_embedding_reference(k, cos, sin)};

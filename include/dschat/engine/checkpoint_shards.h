@@ -30,6 +30,9 @@
 namespace dschat {
 namespace engine {
 
+/// The engine.json "version" this build writes and reads (one constant for writer and reader).
+constexpr int kCheckpointVersion = 2;
+
 /// The tag <dir>/latest names. Throws core::NotFound when there is none.
 std::string latest_checkpoint_tag(const std::filesystem::path& dir);
 
