@@ -63,10 +63,6 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k_cache, co
 }
 
 #ifdef DSCHAT_WITH_CUDA
-// The stride of dimension `d`, or 0 when it has one element (any value is valid there, and 0
-// keeps the kernel's vector-alignment test from failing on it).
-int64_t stride_of(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
-
 torch::Tensor run_decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                          const torch::Tensor& mask, int64_t length, double scale) {
   c10::cuda::CUDAGuard guard(q.device());
@@ -101,15 +97,15 @@ torch::Tensor run_decode_attention_kernel(const torch::Tensor& q, const torch::T
     p.kv_heads = keys.size(1);
     p.head_dim = dim;
     p.length = length;
-    p.q_stride_b = stride_of(queries, 0);
-    p.q_stride_h = stride_of(queries, 1);
-    p.k_stride_b = stride_of(keys, 0);
-    p.k_stride_h = stride_of(keys, 1);
-    p.k_stride_s = stride_of(keys, 2);
-    p.v_stride_b = stride_of(values, 0);
-    p.v_stride_h = stride_of(values, 1);
-    p.v_stride_s = stride_of(values, 2);
-    p.mask_stride_b = key_mask.defined() ? stride_of(key_mask, 0) : 0;
+    p.q_stride_b = detail::stride_of(queries, 0);
+    p.q_stride_h = detail::stride_of(queries, 1);
+    p.k_stride_b = detail::stride_of(keys, 0);
+    p.k_stride_h = detail::stride_of(keys, 1);
+    p.k_stride_s = detail::stride_of(keys, 2);
+    p.v_stride_b = detail::stride_of(values, 0);
+    p.v_stride_h = detail::stride_of(values, 1);
+    p.v_stride_s = detail::stride_of(values, 2);
+    p.mask_stride_b = key_mask.defined() ? detail::stride_of(key_mask, 0) : 0;
     p.scale = static_cast<float>(scale);
     p.masked_score = static_cast<float>(detail::lowest_value(q.scalar_type()));
     p.num_splits = splits;

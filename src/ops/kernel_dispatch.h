@@ -51,6 +51,10 @@ using core::lowest_value;
 using core::shape_of;
 
 #ifdef DSCHAT_WITH_CUDA
+/// The stride of dimension `d`, or 0 when it has one element (any value is valid there, and 0
+/// keeps a kernel's vector-alignment test from failing on it).
+inline int64_t stride_of(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
 /// Calls f(T{}) with T = float, __half or __nv_bfloat16 for `dtype`.
 template <typename F>
 void dispatch_kernel_dtype(const char* op, torch::ScalarType dtype, F&& f) {

@@ -39,8 +39,6 @@ void check_rotary_arguments(const torch::Tensor& q, const torch::Tensor& k, cons
 }
 
 #ifdef DSCHAT_WITH_CUDA
-int64_t stride_of(const torch::Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
-
 std::pair<torch::Tensor, torch::Tensor> run_rotary_kernel(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& cos, const torch::Tensor& sin) {
   c10::cuda::CUDAGuard guard(q.device());
@@ -64,12 +62,12 @@ std::pair<torch::Tensor, torch::Tensor> run_rotary_kernel(const torch::Tensor& q
     p.k_heads = k.size(1);
     p.tokens = q.size(2);
     p.head_dim = q.size(3);
-    p.q_stride_b = stride_of(qs, 0);
-    p.q_stride_h = stride_of(qs, 1);
-    p.q_stride_t = stride_of(qs, 2);
-    p.k_stride_b = stride_of(ks, 0);
-    p.k_stride_h = stride_of(ks, 1);
-    p.k_stride_t = stride_of(ks, 2);
+    p.q_stride_b = detail::stride_of(qs, 0);
+    p.q_stride_h = detail::stride_of(qs, 1);
+    p.q_stride_t = detail::stride_of(qs, 2);
+    p.k_stride_b = detail::stride_of(ks, 0);
+    p.k_stride_h = detail::stride_of(ks, 1);
+    p.k_stride_t = detail::stride_of(ks, 2);
     DSCHAT_CUDA_CHECK(kernels::rotary_embedding(p, stream));
   });
   return {q_out, k_out};
