@@ -266,11 +266,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                                   {"gen_seconds", generate_seconds},
                                   {"train_seconds", train_seconds},
                                   {"seqs_per_sec", seqs_per_second}});
-      if (last_experience->rows() >= 4) {
-        collapse.observe_step(answer_len, result.mean_kl, decode_answers(*last_experience, tokenizer));
-      } else {
-        collapse.observe_step(answer_len, result.mean_kl, {});
-      }
+      collapse.observe_step(answer_len, result.mean_kl, decode_answers(*last_experience, tokenizer));
       progress.update(epoch * steps_per_epoch + batch_index + 1,
                       "reward " + std::to_string(reward) + ", kl " + std::to_string(result.mean_kl));
       if (config.enable_test_mode && step >= config.test_stop_step) stop_test_mode = true;
