@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "dschat/core/device.h"
 #include "dschat_build_info.h"
 
 #ifdef DSCHAT_WITH_CUDA
@@ -52,6 +53,8 @@ std::string describe_build() {
     }
   }
 #endif
+  // What `--device auto` (every command's default) resolves to in this process.
+  out << "\nauto        " << describe_device(resolve_device("auto", "auto"));
   out << "\nfeatures    cuda-kernels=" << (info.cuda_kernels ? "on" : "off")
       << " models=opt,llama\n";
   return out.str();

@@ -48,9 +48,14 @@ std::pair<torch::Tensor, torch::Tensor> right_padded(const std::vector<TokenSpan
 }
 
 // Undefined tensors (fields a batch leaves unset) stay undefined instead of throwing in to().
+// A non_blocking copy from pageable host memory to a GPU is synchronous (the driver stages it),
+// so a host batch bound for a GPU is pinned first; the pinned block is not reused before the
+// copy has run (the caching host allocator records the copy's stream).
 torch::Tensor moved(const torch::Tensor& tensor, const torch::Device& device, bool non_blocking) {
   if (!tensor.defined()) return tensor;
-  return tensor.to(torch::TensorOptions().device(device), non_blocking);  // dtype kept
+  const bool pin = non_blocking && device.is_cuda() && tensor.is_cpu() && !tensor.is_pinned();
+  const torch::Tensor source = pin ? tensor.pin_memory() : tensor;
+  return source.to(torch::TensorOptions().device(device), non_blocking);  // dtype kept
 }
 
 void check_batch(const TokenizedDataset& dataset, const std::vector<int64_t>& items, PhaseKind kind, const char* what) {

@@ -54,11 +54,14 @@ ModelHolder build(const std::string& name_or_path, const LoadOptions& options, L
   }
   ModelHolder model(source.config);
   if (options.random_init) {
-    init_like_transformers(*model);
+    init_like_transformers(*model);  // on the CPU's generator: the same weights on every device
+    model->to(options.device, options.dtype);
   } else {
+    // Parameters go to their device and dtype first; the checkpoint's memory-mapped tensors are
+    // then copied into them one by one, so no converted host copy of the weights is ever made.
+    model->to(options.device, options.dtype);
     load(model, io::load_state_dict(source.dir), source.dir.string());
   }
-  model->to(options.device, options.dtype);
   model->eval();
   core::log_debug("loaded ", source.config.model_type, " model from ",
                   source.dir.empty() ? name_or_path + " (preset)" : source.dir.string());

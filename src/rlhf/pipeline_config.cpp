@@ -8,6 +8,7 @@
 
 #include "core/json_object.h"
 #include "core/strings.h"
+#include "dschat/core/device.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -54,6 +55,13 @@ const nlohmann::json& member(const nlohmann::json& json, const char* key) {
   return it == json.end() ? kNull : *it;
 }
 
+// The top-level device is each step's default: a step block's own "device" wins.
+nlohmann::json with_device(const nlohmann::json& block, const std::string& device) {
+  nlohmann::json out = block.is_null() ? nlohmann::json::object() : block;
+  if (out.is_object() && !out.contains("device")) out["device"] = device;
+  return out;
+}
+
 }  // namespace
 
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where) {
@@ -64,6 +72,9 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   c.reward_model = o.get<std::string>("reward_model", c.reward_model);
   c.demo_report = o.get<bool>("demo_report", c.demo_report);
   c.deployment = read_one_of(o, "deployment", c.deployment, {"single_gpu", "single_node", "multi_node"});
+  c.device = o.get<std::string>("device", c.device);
+  DSCHAT_CHECK(core::is_device_name(c.device), ConfigError, o.at("device"), ": '", c.device,
+               "' is not a device (auto, cpu, cuda or cuda:N)");
   c.output_dir = o.get<std::string>("output_dir", c.output_dir);
   DSCHAT_CHECK(!c.output_dir.empty(), ConfigError, o.at("output_dir"), " must not be empty");
   c.init = read_one_of(o, "init", c.init, {"pretrained", "random"});
@@ -78,9 +89,9 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   o.finish();
 
   DataConfig data = parse_data_config(member(json, "data"), where + ": data");
-  c.step1 = parse_sft_config(member(json, "step1"), where + ": step1", data);
-  c.step2 = parse_reward_config(member(json, "step2"), where + ": step2", data);
-  c.step3 = parse_ppo_config(member(json, "step3"), where + ": step3", data);
+  c.step1 = parse_sft_config(with_device(member(json, "step1"), c.device), where + ": step1", data);
+  c.step2 = parse_reward_config(with_device(member(json, "step2"), c.device), where + ": step2", data);
+  c.step3 = parse_ppo_config(with_device(member(json, "step3"), c.device), where + ": step3", data);
 
   // Chaining, as e2e_rlhf.py passes the step outputs along. Step 2 starts from the base reward
   // model, not from step 1's output (DS-Chat's run_350m.sh loads facebook/opt-350m).

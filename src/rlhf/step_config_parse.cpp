@@ -7,6 +7,7 @@
 
 #include "core/json_object.h"
 #include "core/strings.h"
+#include "dschat/core/device.h"
 #include "dschat/core/error.h"
 #include "dschat/data/split.h"
 #include "dschat/engine/lr_schedule.h"
@@ -92,6 +93,9 @@ DataConfig read_step_data(JsonObject& o, const DataConfig& shared) {
 }
 
 void read_common(JsonObject& o, CommonStepConfig& c) {
+  c.device = o.get<std::string>("device", c.device);
+  DSCHAT_CHECK(core::is_device_name(c.device), ConfigError, o.at("device"), ": '", c.device,
+               "' is not a device (auto, cpu, cuda or cuda:N)");
   c.dtype = read_choice(o, "dtype", c.dtype, {"fp16", "bf16", "fp32"});
   c.offload = o.get<bool>("offload", c.offload);
   c.seed = static_cast<uint32_t>(core::check_range<int64_t>(o, "seed", o.get<int64_t>("seed", c.seed), 0,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "dschat/core/device.h"
 #include "dschat/core/dtype.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_export.h"
@@ -21,6 +22,12 @@ int64_t context_rank(const StepContext& context) {
 
 int64_t context_world(const StepContext& context) {
   return context.communicator ? context.communicator->world_size() : 1;
+}
+
+torch::Device step_device(const CommonStepConfig& common, const StepContext& context, const std::string& where) {
+  const torch::Device device = core::resolve_device(common.device, where + ": key 'device'", context.local_rank);
+  core::log_device_choice(device, common.device);
+  return device;
 }
 
 torch::ScalarType step_dtype(const std::string& dtype, const std::string& where) {

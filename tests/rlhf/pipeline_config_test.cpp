@@ -267,6 +267,28 @@ TEST(PipelineConfig, ChainsModelAndOutputPaths) {
   EXPECT_EQ(given.step3.actor_model_name_or_path, "/o/actor");
 }
 
+TEST(PipelineConfig, TopLevelDeviceIsEveryStepsDefault) {
+  rlhf::PipelineConfig c = parse_pipeline_config(json::object(), "my.json");
+  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.step1.common.device, "auto");
+  EXPECT_EQ(c.step3.common.device, "auto");
+
+  rlhf::PipelineConfig given =
+      parse_pipeline_config({{"device", "cpu"}, {"step2", {{"device", "cuda:1"}}}}, "my.json");
+  EXPECT_EQ(given.step1.common.device, "cpu");
+  EXPECT_EQ(given.step2.common.device, "cuda:1");  // a step's own key wins
+  EXPECT_EQ(given.step3.common.device, "cpu");
+}
+
+TEST(PipelineConfig, BadDeviceNamesTheKey) {
+  for (const std::string bad : {"gpu", "cuda:", "cuda:x", "CUDA", "cuda:-1"}) {
+    EXPECT_THROW_WITH(parse_pipeline_config({{"device", bad}}, "my.json"), core::ConfigError,
+                      "my.json: key 'device': '" + bad + "' is not a device (auto, cpu, cuda or cuda:N)");
+    EXPECT_THROW_WITH(parse_pipeline_config({{"step3", {{"device", bad}}}}, "my.json"), core::ConfigError,
+                      "my.json: step3: key 'device': '" + bad + "' is not a device");
+  }
+}
+
 TEST(PipelineConfig, StepDataMergesOverSharedData) {
   rlhf::PipelineConfig c = parse_pipeline_config(
       {{"data", {{"data_path", "local/jsonfile"}, {"data_split", "6,2,2"}}},

@@ -109,6 +109,57 @@ TEST(CliTest, ChatWithAMissingModelNamesIt) {
   EXPECT_NE(out.find("dschat: error: model '/nonexistent/chat-model' not found"), std::string::npos) << out;
 }
 
+TEST(CliTest, InfoSaysWhatAutoPicks) {
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + " info", &out), 0) << out;
+  const bool gpu = torch::cuda::is_available();
+  EXPECT_NE(out.find(gpu ? "auto        cuda:0" : "auto        cpu"), std::string::npos) << out;
+}
+
+TEST(CliTest, DeviceFlagIsCheckedOnEveryModelCommand) {
+  std::string out;
+  const std::string model = tiny_model_flags();
+  const std::vector<std::string> commands = {" generate --prompt hi" + model,
+                                             " forward --model x --input-ids y --output z",
+                                             " chat --prompt hi" + model, " eval-rm --model x"};
+  for (const std::string& command : commands) {
+    EXPECT_EQ(testing::run_command(cli() + command + " --device gpu", &out), 1) << command;
+    EXPECT_NE(out.find("--device: 'gpu' is not a device (auto, cpu, cuda or cuda:N)"), std::string::npos) << out;
+  }
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(testing::run_command(cli() + " generate --prompt hi --device cuda" + model, &out), 1);
+    EXPECT_NE(out.find("--device: 'cuda' needs a GPU, but none is visible"), std::string::npos) << out;
+  }
+  ASSERT_EQ(testing::run_command(cli() + " generate --prompt hi --max-new-tokens 2 --device cpu" + model, &out), 0)
+      << out;
+}
+
+// --dry-run prints where each step runs. On the CPU a preset's fp16 becomes fp32, unless the
+// user's file set the step's dtype.
+TEST(CliTest, TrainDryRunShowsDevicesAndTheCpuDtypeRule) {
+  testing::TempDir tmp;
+  const std::string preset = " train --dry-run --actor opt-1.3b --reward opt-350m --deployment single_gpu";
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + preset + " --device cpu", &out), 0) << out;
+  EXPECT_NE(out.find("step1: sft  device cpu  dtype fp32  model opt-1.3b"), std::string::npos) << out;
+  EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32  model opt-350m"), std::string::npos) << out;
+  EXPECT_NE(out.find("step3: ppo  device cpu  dtype fp32"), std::string::npos) << out;
+  EXPECT_NE(out.find("step1: the preset's dtype fp16 runs as fp32 on the CPU"), std::string::npos) << out;
+
+  const auto config = tmp / "c.json";
+  std::ofstream(config) << R"({"device": "cpu", "step1": {"dtype": "bf16"}, "step3": {"device": "gpu"}})";
+  EXPECT_EQ(testing::run_command(cli() + preset + " --config " + config.string(), &out), 1);
+  EXPECT_NE(out.find("step3: key 'device': 'gpu' is not a device"), std::string::npos) << out;
+  std::ofstream(config) << R"({"device": "cpu", "step1": {"dtype": "bf16"}})";
+  ASSERT_EQ(testing::run_command(cli() + preset + " --config " + config.string(), &out), 0) << out;
+  EXPECT_NE(out.find("step1: sft  device cpu  dtype bf16"), std::string::npos) << out;  // the user's choice
+  EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32"), std::string::npos) << out;
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(testing::run_command(cli() + preset + " --device cuda:0", &out), 1);
+    EXPECT_NE(out.find("step1: key 'device': 'cuda:0' needs a GPU, but none is visible"), std::string::npos) << out;
+  }
+}
+
 TEST(CliTest, BadArgumentsExitNonZeroWithANamedError) {
   std::string out;
   EXPECT_EQ(testing::run_command(cli() + " forward --model /nonexistent/model --input-ids " +

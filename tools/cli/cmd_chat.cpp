@@ -25,7 +25,7 @@ namespace cli {
 namespace {
 
 struct ChatOptions {
-  std::string model, tokenizer, dtype = "fp32", init;
+  std::string model, tokenizer, dtype = "fp32", init, device = "auto";
   std::string prompt;  // --prompt: answer this one turn and exit
   core::GenerationConfig generation;
   int64_t max_out_tokens = 512;
@@ -50,7 +50,7 @@ std::string join(const std::deque<std::string>& turns) {
 
 void run_chat(ChatOptions o) {
   core::validate_generation_config(o.generation, "chat flags");
-  auto model = models::load_causal_lm(o.model, load_options(o.dtype, o.init));
+  auto model = models::load_causal_lm(o.model, load_options(o.dtype, o.init, o.device));
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   inference::InferenceEngineOptions engine_options;
   engine_options.max_out_tokens = o.max_out_tokens;
@@ -101,6 +101,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model directory, cached HF id or short name")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--prompt", o->prompt, "Answer this one human turn and exit (no stdin)");
+  add_device_flag(*cmd, o->device);
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--init", o->init, "'random': preset or config.json shapes with random weights");
   cmd->add_option("--max-out-tokens", o->max_out_tokens, "Prompt + new tokens the KV workspace holds")

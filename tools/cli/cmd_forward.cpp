@@ -15,17 +15,18 @@ namespace cli {
 namespace {
 
 struct ForwardOptions {
-  std::string model, input_ids, attention_mask, output, dtype = "fp32", init;
+  std::string model, input_ids, attention_mask, output, dtype = "fp32", init, device = "auto";
   bool value_head = false;
 };
 
 void run_forward(const ForwardOptions& o) {
-  models::LoadOptions load = load_options(o.dtype, o.init);
+  models::LoadOptions load = load_options(o.dtype, o.init, o.device);
   torch::Tensor ids = io::load_npy(o.input_ids);  // [B, T]
   DSCHAT_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 2, InvalidArgument, "--input-ids ", o.input_ids,
                ": expected a 2-D int64 array, got ", ids.scalar_type(), " of shape ", ids.sizes());
   torch::Tensor mask;  // [B, T] or undefined
-  if (!o.attention_mask.empty()) mask = io::load_npy(o.attention_mask).to(torch::kInt64);
+  if (!o.attention_mask.empty()) mask = io::load_npy(o.attention_mask).to(load.device, torch::kInt64);
+  ids = ids.to(load.device);
   torch::NoGradGuard no_grad;
   torch::Tensor out;
   if (o.value_head) {
@@ -33,7 +34,7 @@ void run_forward(const ForwardOptions& o) {
   } else {
     out = models::load_causal_lm(o.model, load)->forward(ids, mask);  // [B, T, V]
   }
-  io::save_npy(o.output, out.to(torch::kFloat32));
+  io::save_npy(o.output, out.to(torch::kCPU, torch::kFloat32));
 }
 
 }  // namespace
@@ -46,6 +47,7 @@ void add_forward_command(CLI::App& app) {
   cmd->add_option("--attention-mask", options->attention_mask, "[batch, tokens] .npy, 1 = real token");
   cmd->add_option("--output", options->output, "Where to write float32 logits .npy")->required();
   cmd->add_option("--dtype", options->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
+  add_device_flag(*cmd, options->device);
   cmd->add_flag("--value-head", options->value_head, "Reward/critic model: write per-token values [batch, tokens]");
   cmd->add_option("--init", options->init, "'random': preset or config.json shapes with random weights");
   cmd->callback([options] { run_forward(*options); });

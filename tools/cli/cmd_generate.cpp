@@ -21,7 +21,7 @@ namespace cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, tokenizer, config_file, dtype = "fp32", init;
+  std::string model, tokenizer, config_file, dtype = "fp32", init, device = "auto";
   std::vector<std::string> prompts;
   core::GenerationConfig generation;
   int64_t max_out_tokens = 512;
@@ -36,7 +36,7 @@ void run_generate(GenerateOptions o) {
     o.generation = core::parse_generation_config(text.str(), o.config_file);
   }
   core::validate_generation_config(o.generation, "generate flags");
-  models::LoadOptions load = load_options(o.dtype, o.init);
+  models::LoadOptions load = load_options(o.dtype, o.init, o.device);
   auto model = models::load_causal_lm(o.model, load);
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   inference::InferenceEngineOptions engine_options;
@@ -60,6 +60,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--config", o->config_file, "Generation config JSON (HF GenerationConfig keys); replaces the flags");
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
+  add_device_flag(*cmd, o->device);
   cmd->add_option("--init", o->init, "'random': preset or config.json shapes with random weights");
   cmd->add_option("--max-out-tokens", o->max_out_tokens, "Prompt + new tokens the KV workspace holds")
       ->capture_default_str();

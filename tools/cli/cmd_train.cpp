@@ -6,6 +6,7 @@
 #include "app/demo_report.h"
 #include "app/train_command.h"
 #include "commands.h"
+#include "model_flags.h"
 #include "dschat/core/error.h"
 #include "dschat/rlhf/pipeline.h"
 #include "dschat/rlhf/ppo_trainer.h"
@@ -18,8 +19,9 @@ namespace {
 
 struct TrainFlags {
   app::TrainArguments args;
-  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer;
+  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device;
   bool no_progress = false;
+  bool dry_run = false;
   app::TrainArguments resolved() const {
     app::TrainArguments out = args;
     auto set = [](std::optional<std::string>& slot, const std::string& value) {
@@ -32,13 +34,16 @@ struct TrainFlags {
     set(out.output_dir, output_dir);
     set(out.init, init);
     set(out.tokenizer, tokenizer);
+    set(out.device, device);
+    out.local_rank = app::launcher_local_rank();
     return out;
   }
 };
 
 rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
   rlhf::StepContext context;
-  context.communicator = app::communicator_from_environment();
+  context.local_rank = app::launcher_local_rank();
+  context.communicator = app::communicator_from_environment(app::pipeline_device(config, context.local_rank));
   context.random_init = config.init == "random";
   context.tokenizer_dir = config.tokenizer;
   context.stop_requested = app::install_stop_signal_handler();
@@ -52,6 +57,10 @@ bool is_rank0(const rlhf::StepContext& context) {
 
 void run_train(const TrainFlags& flags) {
   const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
+  if (flags.dry_run) {
+    std::cout << app::describe_plan(plan, app::launcher_local_rank()) << std::flush;
+    return;
+  }
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
   if (!plan.demo || !is_rank0(context)) return;
@@ -72,6 +81,8 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
   cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
   cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
+  cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model, then exit without training");
+  cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
 }
 
 // `dschat sft|rm|ppo`: the pipeline with only that step.
@@ -94,7 +105,7 @@ void add_step_command(CLI::App& app, const std::string& name, int step, const st
 }
 
 struct EvalRmFlags {
-  std::string model, tokenizer;
+  std::string model, tokenizer, device = "auto";
   rlhf::DataConfig data;
   int64_t max_seq_len = 512, batch_size = 16;
   std::optional<int64_t> num_padding_at_beginning;
@@ -124,13 +135,16 @@ void add_train_commands(CLI::App& app) {
   eval->add_option("--data-split", e->data.data_split, "DeepSpeed-Chat's phase split")->capture_default_str();
   eval->add_option("--local-jsonfile-dir", e->data.local_jsonfile_dir, "What local/jsonfile reads");
   eval->add_option("--tokenizer", e->tokenizer, "Tokenizer directory (default: the model's)");
+  add_device_flag(*eval, e->device);
   eval->add_option("--max-seq-len", e->max_seq_len, "Tokens per answer")->capture_default_str();
   eval->add_option("--batch-size", e->batch_size, "Pairs per batch")->capture_default_str();
   eval->add_option("--num-padding-at-beginning", e->num_padding_at_beginning,
                    "DS-Chat's value (default: derived from the tokenizer)");
   eval->callback([e] {
     rlhf::StepContext context;
-    context.communicator = app::communicator_from_environment();
+    context.local_rank = app::launcher_local_rank();
+    const torch::Device device = core::resolve_device(e->device, "--device", context.local_rank);
+    context.communicator = app::communicator_from_environment(device);
     context.tokenizer_dir = e->tokenizer;
     const rlhf::RewardEvaluation r = rlhf::evaluate_reward_model_on_data(
         e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context);

@@ -30,8 +30,9 @@ enum class SftLossTokens { kPromptAndAnswer, kAnswerOnly };
 
 // Every batch's to(): a copy whose defined tensors are tensor.to(device, non_blocking); undefined
 // tensors stay undefined. A tensor already on `device` is returned as is (LibTorch's to() aliases
-// it), so moving a CPU batch to the CPU copies nothing. non_blocking is passed to LibTorch, where
-// it only makes copies between pinned host memory and a GPU asynchronous.
+// it), so moving a CPU batch to the CPU copies nothing. With non_blocking, a host tensor bound for
+// a GPU is pinned first (pageable memory would make the copy synchronous) and copied
+// asynchronously on the current stream.
 
 struct SftBatch {
   torch::Tensor input_ids;       // [B, T] int64

@@ -56,7 +56,10 @@ struct ModelTrainingConfig {
 
 /// Settings every step shares.
 struct CommonStepConfig {
-  std::string dtype = "fp16";  // fp16 | bf16 | fp32 (ours: fp32, the CPU default)
+  /// Ours: auto | cpu | cuda | cuda:N (core::resolve_device); the pipeline's top-level "device"
+  /// is the default of every step block.
+  std::string device = "auto";
+  std::string dtype = "fp16";  // fp16 | bf16 | fp32 (on the CPU a preset's fp16/bf16 runs as fp32)
   bool offload = false;
   uint32_t seed = 1234;
   int64_t num_train_epochs = 1;
@@ -157,6 +160,8 @@ struct PipelineConfig {
   std::string actor_model = "facebook/opt-1.3b";
   std::string reward_model = "facebook/opt-350m";
   std::string deployment = "single_gpu";  // single_gpu | single_node | multi_node
+  /// auto | cpu | cuda | cuda:N: the default of every step block's "device".
+  std::string device = "auto";
   std::string output_dir = "./output";
   std::string init = "pretrained";  // pretrained | random (build the named shapes, random weights)
   std::string tokenizer;            // "" : the actor model's directory

@@ -22,6 +22,9 @@ struct StepContext {
   /// Raised (by a signal handler) to stop: the trainer saves a resumable checkpoint at the next
   /// micro-step boundary and throws Interrupted. Null: never stopped.
   const std::atomic<bool>* stop_requested = nullptr;
+  /// The launcher's LOCAL_RANK (-1: not launched): "auto"/"cuda" devices resolve to
+  /// cuda:local_rank (core::resolve_device).
+  int64_t local_rank = -1;
   /// Progress bars on an interactive terminal (plain lines otherwise); false: lines only.
   bool progress = true;
 

@@ -26,6 +26,10 @@ namespace rlhf {
 int64_t context_rank(const StepContext& context);
 int64_t context_world(const StepContext& context);
 
+/// The step's device: common.device resolved for this rank (core::resolve_device; ConfigError
+/// naming `where` when it asks for a GPU that is not there), logged once.
+torch::Device step_device(const CommonStepConfig& common, const StepContext& context, const std::string& where);
+
 /// fp16 | bf16 | fp32 -> dtype (ConfigError naming `where` otherwise).
 torch::ScalarType step_dtype(const std::string& dtype, const std::string& where);
 

@@ -2,7 +2,9 @@
 
 #include <csignal>
 
+#include "dschat/core/device.h"
 #include "dschat/core/error.h"
+#include "dschat/core/logging.h"
 #include "dschat/core/json_file.h"
 #include "dschat/dist/launch_env.h"
 
@@ -31,6 +33,23 @@ std::string bundled_path(const std::string& path, const fs::path& source_dir) {
 
 bool is_demo(const TrainArguments& args) {
   return !args.actor && !args.reward && !args.deployment && !args.config_file;
+}
+
+// fp16/bf16 on the CPU is slow and, for fp16, without the loss-scaled GPU kernels it is meant
+// for: a dtype that came from a preset (or DS-Chat's fp16 default) runs as fp32 there. A dtype
+// the user's file set for the step is kept.
+void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& user_file, int64_t local_rank) {
+  const std::pair<const char*, CommonStepConfig*> steps[] = {
+      {"step1", &config.step1.common}, {"step2", &config.step2.common}, {"step3", &config.step3.common}};
+  for (const auto& [name, common] : steps) {
+    const bool user_set = user_file.is_object() && user_file.contains(name) && user_file[name].is_object() &&
+                          user_file[name].contains("dtype");
+    if (user_set || common->dtype == "fp32") continue;
+    if (!core::resolve_device(common->device, std::string(name) + ": key 'device'", local_rank).is_cpu()) continue;
+    core::log_message(core::LogLevel::Warn, std::string(name) + ": the preset's dtype " + common->dtype +
+                                                " runs as fp32 on the CPU (set \"dtype\" in the step's block to keep it)");
+    common->dtype = "fp32";
+  }
 }
 
 }  // namespace
@@ -77,6 +96,12 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
     if (args.reward) json["reward_model"] = *args.reward;
     if (args.deployment) json["deployment"] = *args.deployment;
   }
+  if (args.device) {
+    json["device"] = *args.device;
+    for (const char* step : {"step1", "step2", "step3"}) {
+      if (json.contains(step) && json[step].is_object()) json[step].erase("device");
+    }
+  }
   if (args.output_dir) json["output_dir"] = *args.output_dir;
   if (args.init) json["init"] = *args.init;
   if (args.tokenizer) json["tokenizer"] = *args.tokenizer;
@@ -90,6 +115,8 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   const nlohmann::json json = plan_json(args, source_dir);
   const std::string where = args.config_file ? *args.config_file : is_demo(args) ? "configs/demo.json" : "preset";
   plan.config = parse_pipeline_config(json, where);
+  const nlohmann::json user_file = args.config_file ? core::read_json_file(*args.config_file) : nlohmann::json();
+  run_presets_in_fp32_on_cpu(plan.config, is_demo(args) ? demo_config() : user_file, args.local_rank);
   plan.demo = plan.config.demo_report;
   // "reward_model": "step1" starts the reward model from the SFT output (the demo's choice: a
   // random 2-layer model cannot learn the task's correctness from its few hundred pairs).
@@ -101,10 +128,41 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   return plan;
 }
 
-std::shared_ptr<dist::Communicator> communicator_from_environment() {
+std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
+  const PipelineConfig& c = plan.config;
+  std::string out;
+  for (int step : c.steps) {
+    const CommonStepConfig& common = step == 1 ? c.step1.common : step == 2 ? c.step2.common : c.step3.common;
+    const std::string model = step == 1   ? c.step1.model_name_or_path
+                              : step == 2 ? c.step2.model_name_or_path
+                                          : c.step3.actor_model_name_or_path + " + " + c.step3.critic_model_name_or_path;
+    const std::string name = "step" + std::to_string(step);
+    const torch::Device device = core::resolve_device(common.device, name + ": key 'device'", local_rank);
+    out += name + ": " + (step == 1 ? "sft" : step == 2 ? "rm " : "ppo") + "  device " + device.str() + "  dtype " +
+           common.dtype + "  model " + model + "\n";
+  }
+  return out;
+}
+
+std::shared_ptr<dist::Communicator> communicator_from_environment(const torch::Device& device) {
   const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
+  // Before the communicator: NCCL binds its communicators to the current device.
+  core::set_current_device(device);
   if (env.world_size <= 1) return nullptr;
-  return std::make_shared<dist::Communicator>(dist::Communicator::create(env));
+  const dist::Backend backend = device.is_cuda() ? dist::Backend::Nccl : dist::Backend::Gloo;
+  return std::make_shared<dist::Communicator>(dist::Communicator::create(env, backend));
+}
+
+int64_t launcher_local_rank() {
+  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
+  return env.source == "single" ? -1 : env.local_rank;
+}
+
+torch::Device pipeline_device(const PipelineConfig& config, int64_t local_rank) {
+  const int first = config.steps.empty() ? 1 : config.steps.front();
+  const CommonStepConfig& common =
+      first == 1 ? config.step1.common : first == 2 ? config.step2.common : config.step3.common;
+  return core::resolve_device(common.device, "step" + std::to_string(first) + ": key 'device'", local_rank);
 }
 
 const std::atomic<bool>* install_stop_signal_handler() {

@@ -19,7 +19,9 @@ namespace dschat {
 namespace app {
 
 struct TrainArguments {
-  std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer;
+  std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer, device;
+  /// The launcher's LOCAL_RANK (-1: not launched), for resolving "auto"/"cuda".
+  int64_t local_rank = -1;
   std::vector<int> steps;
   std::vector<std::string> data_path;
 };
@@ -33,15 +35,28 @@ struct TrainPlan {
 /// No actor, reward, deployment or config file: the embedded demo, its relative paths resolved
 /// against the working directory, else `source_dir` (the dschat checkout the binary was built
 /// from). Otherwise the preset of (deployment, actor, reward), the config file merged over it,
-/// then the flags. Throws core::ConfigError naming the file or flag.
+/// then the flags (--device replaces every "device" key). A step that runs on the CPU with a
+/// preset's fp16/bf16 (a dtype the user's file did not set for it) runs in fp32, with one warning.
+/// Throws core::ConfigError naming the file or flag.
 TrainPlan plan_train(const TrainArguments& args, const std::filesystem::path& source_dir);
+
+/// One line per step the plan runs: "step1: sft  device cpu  dtype fp32  model <path>" (the
+/// devices resolved for `local_rank`): what `dschat train --dry-run` prints.
+std::string describe_plan(const TrainPlan& plan, int64_t local_rank);
 
 /// The JSON the plan was parsed from, written to <output_dir>/train_config.json for the record.
 nlohmann::json plan_json(const TrainArguments& args, const std::filesystem::path& source_dir);
 
 /// The data-parallel job this process belongs to (torchrun / mpirun / srun / `dschat launch`
-/// variables), or null for a single process.
-std::shared_ptr<dist::Communicator> communicator_from_environment();
+/// variables), or null for a single process. With a CUDA `device` the GPU is made current first
+/// and the communicator gets NCCL for CUDA tensors (Gloo always serves CPU tensors).
+std::shared_ptr<dist::Communicator> communicator_from_environment(const torch::Device& device = torch::kCPU);
+
+/// LOCAL_RANK of the launcher that started this process, or -1 when none did.
+int64_t launcher_local_rank();
+
+/// The device of the first step that `config` runs (where a CUDA rank's communicator lives).
+torch::Device pipeline_device(const rlhf::PipelineConfig& config, int64_t local_rank);
 
 /// Installs a SIGINT/SIGTERM handler that raises the returned flag; a second signal restores
 /// the default action (so a second Ctrl-C kills at once).
