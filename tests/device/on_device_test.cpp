@@ -1,0 +1,157 @@
+// One test body per device (CTranslate2's per-device pattern): "cpu" runs everywhere (CI), "cuda"
+// where a GPU is visible (tools/gpu_check.sh runs `dschat_tests --gtest_filter='*OnDevice*'`),
+// and skips elsewhere. What runs on each device:
+// - a ZeRO-0 and a ZeRO-3 training step in fp32 match the CPU's (tolerance 2e-5 relative, floor
+//   1e-6: reductions run in another order on a GPU);
+// - bf16 (and, on CUDA, fp16 with loss scaling) training stays finite and its loss falls;
+// - greedy generation gives transformers' ids for OPT and LLaMA (fixtures' greedy.npy);
+// - a HybridEngine generates the ids of a plain copy of its weights after a training step.
+#include <gtest/gtest.h>
+
+#include "dschat/engine/training_engine.h"
+#include "dschat/hybrid/hybrid_engine.h"
+#include "dschat/inference/inference_engine.h"
+#include "dschat/io/npy.h"
+#include "dschat/models/load_save.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+class OnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  torch::Device device() const { return torch::Device(GetParam()); }
+};
+
+models::CausalLM load_on(const std::string& fixture, const torch::Device& device,
+                         torch::ScalarType dtype = torch::kFloat32) {
+  models::LoadOptions load;
+  load.device = device;
+  load.dtype = dtype;
+  load.dropout = 0.0;  // the same forward on every device
+  return models::load_causal_lm(testing::fixture(fixture).string(), load);
+}
+
+engine::TrainingEngineOptions engine_options(int stage, const std::string& precision) {
+  nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2},
+                       {"gradient_accumulation_steps", 1},
+                       {"train_batch_size", 2},
+                       {"steps_per_print", 0},
+                       {"gradient_clipping", 1.0},
+                       {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 16}}}};
+  if (precision == "fp16") ds["fp16"] = {{"enabled", true}, {"initial_scale_power", 8}};
+  if (precision == "bf16") ds["bf16"] = {{"enabled", true}};
+  engine::TrainingEngineOptions options;
+  options.config = engine::DeepSpeedConfig::parse(ds, 1, "on-device test");
+  options.optimizer.lr = 1e-2;
+  return options;
+}
+
+// Next-token loss of a fixed batch, `steps` optimizer steps; the losses, read after the loop.
+std::vector<double> train_losses(models::CausalLM model, int stage, const std::string& precision, int steps) {
+  const torch::Device device = model->parameters().front().device();
+  engine::TrainingEngine engine(model.ptr(), engine_options(stage, precision));
+  model->train();
+  torch::Generator generator = at::detail::createCPUGenerator(5);
+  const int64_t vocab = model->config().vocab_size;
+  torch::Tensor batch = torch::randint(3, vocab, {2, 8}, generator, torch::kInt64).to(device);  // [2, 8]
+  std::vector<torch::Tensor> losses;  // [] each, on the device: no read inside the loop
+  for (int i = 0; i < steps; ++i) {
+    torch::Tensor logits = model->forward(batch);  // [2, 8, V]
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        logits.narrow(1, 0, 7).reshape({-1, vocab}).to(torch::kFloat32), batch.narrow(1, 1, 7).reshape({-1}));
+    engine.backward(loss);
+    engine.step();
+    losses.push_back(loss.detach());
+  }
+  torch::Tensor host = torch::stack(losses).to(torch::kCPU, torch::kFloat64);  // [steps]
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + steps);
+}
+
+TEST_P(OnDevice, Fp32TrainingStepsMatchTheCpu) {
+  for (int stage : {0, 3}) {
+    const std::vector<double> cpu = train_losses(load_on("opt-preln", torch::kCPU), stage, "fp32", 3);
+    const std::vector<double> here = train_losses(load_on("opt-preln", device()), stage, "fp32", 3);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_NEAR(here[i], cpu[i], std::max(2e-5 * std::abs(cpu[i]), 1e-6)) << "stage " << stage << " step " << i;
+    }
+    EXPECT_LT(cpu.back(), cpu.front());
+  }
+}
+
+TEST_P(OnDevice, LowPrecisionTrainingStaysFiniteAndLearns) {
+  std::vector<std::string> precisions = {"bf16"};
+  if (device().is_cuda()) precisions.push_back("fp16");  // fp16 matmuls are a GPU's business
+  for (const std::string& precision : precisions) {
+    const torch::ScalarType dtype = precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
+    const std::vector<double> losses = train_losses(load_on("opt-preln", device(), dtype), 0, precision, 8);
+    for (double loss : losses) ASSERT_TRUE(std::isfinite(loss)) << precision;
+    EXPECT_LT(losses.back(), losses.front()) << precision;
+  }
+}
+
+TEST_P(OnDevice, GreedyGenerationGivesTransformersIds) {
+  for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
+    const auto expected_dir = testing::fixture(fixture) / "expected";
+    torch::Tensor ids = io::load_npy(expected_dir / "input_ids.npy").to(device());         // [B, T]
+    torch::Tensor mask = io::load_npy(expected_dir / "attention_mask.npy").to(device());   // [B, T]
+    torch::Tensor expected = io::load_npy(expected_dir / "greedy.npy");                    // [B, T + N]
+    auto model = load_on(fixture, device());
+    inference::InferenceEngineOptions options;
+    options.max_out_tokens = expected.size(1);
+    options.log_stats = false;
+    inference::InferenceEngine engine(model, options);
+    core::GenerationConfig config;
+    config.max_new_tokens = expected.size(1) - ids.size(1);
+    torch::Tensor got = engine.generate(ids, mask, config).sequences.cpu();  // [B, T + N]
+    EXPECT_TRUE(torch::equal(got, expected)) << fixture << "\n" << got << "\n" << expected;
+  }
+}
+
+TEST_P(OnDevice, HybridEngineGeneratesWhatItsWeightsGenerate) {
+  auto actor = load_on("opt-preln", device());
+  nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2},
+                       {"gradient_accumulation_steps", 1},
+                       {"train_batch_size", 2},
+                       {"steps_per_print", 0},
+                       {"zero_optimization", {{"stage", 0}}},
+                       {"hybrid_engine", {{"enabled", true}, {"max_out_tokens", 24}}}};
+  hybrid::HybridEngineOptions options;
+  options.training.config = engine::DeepSpeedConfig::parse(ds, 1, "on-device hybrid test");
+  options.training.optimizer.lr = 1e-2;
+  hybrid::HybridEngine engine(actor, options);
+  torch::Generator generator = at::detail::createCPUGenerator(11);
+  const int64_t vocab = actor->config().vocab_size;
+  torch::Tensor prompt = torch::randint(3, vocab, {2, 6}, generator, torch::kInt64).to(device());  // [2, 6]
+  torch::Tensor mask = torch::ones({2, 6}, torch::dtype(torch::kInt64).device(device()));          // [2, 6]
+  mask[1].narrow(0, 0, 2).zero_();  // row 1 left padded
+  core::GenerationConfig config;
+  config.max_new_tokens = 6;
+
+  engine.train();
+  torch::Tensor logits = engine.actor()->forward(prompt);  // [2, 6, V]
+  engine.backward(logits.to(torch::kFloat32).logsumexp(-1).mean());
+  engine.step();
+  engine.eval();
+  torch::Tensor hybrid_ids = engine.generate(prompt, mask, config).sequences.cpu();  // [2, 12]
+  engine.train();
+
+  auto copy = load_on("opt-preln", device());
+  {
+    torch::NoGradGuard no_grad;
+    auto trained = engine.actor()->named_parameters();
+    for (auto& item : copy->named_parameters()) item.value().copy_(trained[item.key()]);
+  }
+  copy->eval();
+  torch::Tensor plain_ids = inference::generate(copy, prompt, mask, config).sequences.cpu();  // [2, 12]
+  EXPECT_TRUE(torch::equal(hybrid_ids, plain_ids)) << hybrid_ids << "\n" << plain_ids;
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace dschat
