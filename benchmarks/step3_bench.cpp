@@ -13,6 +13,9 @@
 //
 //   dschat_step3_bench [--actor opt-125m] [--critic opt-125m] [--batch 4] [--prompt 32]
 //       [--answer 32] [--threads 2] [--rounds 2] [--iters 2] [--warmup 1] [--device cpu] [--out F]
+// On a GPU (--device cuda) both sides time after synchronising the device; the generation time
+// dschat reports is taken inside make_experience without a sync, so only the iteration and the
+// experience + generation sum are exact there.
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -45,7 +48,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string actor = "opt-125m", critic = "opt-125m", dtype = "fp32", out, work_dir;
+  std::string actor = "opt-125m", critic = "opt-125m", dtype = "fp32", device = "cpu", out, work_dir;
   int64_t batch = 4, prompt = 32, answer = 32, threads = 2, rounds = 2, iters = 2, warmup = 1, seed = 1234;
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
@@ -55,11 +58,17 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A GPU runs ahead of the host: its work is only timed once it has finished.
+void wait_for(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 // Per iteration: {generate, experience, train} seconds.
 json dschat_round(const Options& o, const fs::path& work) {
   nlohmann::json cfg = {{"actor_model_name_or_path", (work / "actor").string()},
                         {"critic_model_name_or_path", (work / "critic").string()},
                         {"dtype", o.dtype},
+                        {"device", o.device},
                         {"per_device_generation_batch_size", o.batch},
                         {"per_device_training_batch_size", o.batch},
                         {"max_prompt_seq_len", o.prompt},
@@ -73,18 +82,23 @@ json dschat_round(const Options& o, const fs::path& work) {
   const int64_t vocab = models.actor->actor()->config().vocab_size;
   const int64_t pad = models.actor->actor()->config().pad_token_id.value_or(1);
   torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
-  const torch::Tensor prompts = torch::randint(3, vocab, {o.batch, o.prompt}, generator, torch::kInt64);  // [B, P]
+  const torch::Device device = models.actor->actor()->parameters().front().device();
+  const torch::Tensor prompts =
+      torch::randint(3, vocab, {o.batch, o.prompt}, generator, torch::kInt64).to(device);  // [B, P]
   const torch::Tensor mask = torch::ones_like(prompts);                                                    // [B, P]
   core::GenerationConfig generation = rlhf::experience_generation_config(config, pad, pad, 1);
   generation.min_new_tokens = o.answer;  // exactly `answer` tokens, as the benchmark setting
   json gen = json::array(), exp_s = json::array(), train = json::array();
   for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
+    wait_for(device);
     auto start = Clock::now();
     std::optional<rlhf::Experience> exp = rlhf::make_experience(models, prompts, mask, generation, pad, 1);
+    wait_for(device);
     const double experience_total = seconds_since(start);
     DSCHAT_CHECK(exp.has_value() && exp->rows() == o.batch, Error, "the benchmark lost rows to the answer filter");
     start = Clock::now();
     rlhf::train_rlhf(models, *exp, config.constants, false, false);
+    wait_for(device);
     const double train_seconds = seconds_since(start);
     if (i < o.warmup) continue;
     gen.push_back(exp->generate_seconds);
@@ -120,7 +134,8 @@ int run(const Options& o) {
     work = pattern;
   }
   save_models(o, work);
-  std::cout << "actor " << o.actor << ", critic/reward " << o.critic << " (random, " << o.dtype << "), batch "
+  std::cout << "actor " << o.actor << ", critic/reward " << o.critic << " (random, " << o.dtype << ", " << o.device
+            << "), batch "
             << o.batch << ", prompt " << o.prompt << ", answer " << o.answer << ", threads " << o.threads << "\n";
   std::vector<double> ours[3], theirs[3];
   const char* parts[3] = {"generate", "experience", "train"};
@@ -132,7 +147,7 @@ int run(const Options& o) {
                                            "--batch", std::to_string(o.batch), "--prompt", std::to_string(o.prompt),
                                            "--answer", std::to_string(o.answer), "--threads", std::to_string(o.threads),
                                            "--iters", std::to_string(o.iters), "--warmup", std::to_string(o.warmup),
-                                           "--seed", std::to_string(o.seed)};
+                                           "--seed", std::to_string(o.seed), "--device", o.device};
     DSCHAT_CHECK(run_process(argv) == 0, Error, "the transformers peer failed");
     std::ifstream in(peer_out);
     const json peer = json::parse(in);
@@ -178,6 +193,7 @@ int main(int argc, char** argv) {
   app.add_option("--actor", o.actor, "Actor / reference shape (a preset), random weights")->capture_default_str();
   app.add_option("--critic", o.critic, "Critic / reward shape (a preset)")->capture_default_str();
   app.add_option("--dtype", o.dtype, "fp32 | bf16 | fp16")->capture_default_str();
+  app.add_option("--device", o.device, "cpu | cuda | cuda:N (both sides)")->capture_default_str();
   app.add_option("--batch", o.batch, "Generation = training batch")->capture_default_str();
   app.add_option("--prompt", o.prompt)->capture_default_str();
   app.add_option("--answer", o.answer, "Answer tokens (exactly)")->capture_default_str();

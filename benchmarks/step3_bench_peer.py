@@ -82,6 +82,7 @@ def main():
     for name, default in [("batch", 4), ("prompt", 32), ("answer", 32), ("threads", 2), ("iters", 2),
                           ("warmup", 1), ("seed", 1234)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     actor_dir = os.path.join(args.work_dir, "actor")
@@ -90,23 +91,32 @@ def main():
     ref = OPTForCausalLM.from_pretrained(actor_dir, attn_implementation="sdpa").eval().requires_grad_(False)
     critic = RewardModel(critic_dir)
     reward = RewardModel(critic_dir).eval().requires_grad_(False)
+    device = torch.device(args.device)
+    for model in (actor, ref, critic, reward):
+        model.to(device)
     opt_a = torch.optim.AdamW(actor.parameters(), lr=9.65e-6, betas=(0.9, 0.95))
     opt_c = torch.optim.AdamW(critic.parameters(), lr=5e-6, betas=(0.9, 0.95))
     pad = actor.config.pad_token_id
     gen = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(3, actor.config.vocab_size, (args.batch, args.prompt), generator=gen, dtype=torch.int64)
+    prompts = torch.randint(3, actor.config.vocab_size, (args.batch, args.prompt), generator=gen,
+                            dtype=torch.int64).to(device)
     prompt_mask = torch.ones_like(prompts)
     start = args.prompt - 1
     times = {"generate": [], "experience": [], "train": []}
+    def now():  # a GPU runs ahead of the host: time only finished work
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     for i in range(args.warmup + args.iters):
-        t0 = time.perf_counter()
+        t0 = now()
         actor.eval()
         with torch.no_grad():
             seq = actor.generate(prompts, attention_mask=prompt_mask, max_new_tokens=args.answer,
                                  min_new_tokens=args.answer, do_sample=False, pad_token_id=pad,
                                  eos_token_id=actor.config.eos_token_id)
         actor.train()
-        t1 = time.perf_counter()
+        t1 = now()
         with torch.no_grad():
             mask = (seq != pad).long()
             old_lp = log_probs(actor(input_ids=seq, attention_mask=mask).logits, seq)
@@ -114,9 +124,9 @@ def main():
             r = reward(seq, mask)
             score = r[:, -1]  # every answer fills its row: the end score is the last position
             values = critic(seq, mask)[:, :-1].clone()
-        t2 = time.perf_counter()
+        t2 = now()
         train_step(actor, critic, opt_a, opt_c, seq, mask, old_lp, ref_lp, values, score, start)
-        t3 = time.perf_counter()
+        t3 = now()
         if i >= args.warmup:
             times["generate"].append(t1 - t0)
             times["experience"].append(t2 - t1)
