@@ -31,6 +31,9 @@ bool self_check_by_default() {
 HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
     : actor_(std::move(actor)), options_(std::move(options)) {
   DSCHAT_CHECK(!actor_.is_empty(), InvalidArgument, "HybridEngine: no actor model");
+  const std::string& backup = options_.lora_fuse_backup;
+  DSCHAT_CHECK(backup == "auto" || backup == "device" || backup == "host", ConfigError,
+               "HybridEngine: lora_fuse_backup must be auto, device or host, got '", backup, "'");
   const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
   training_ = std::make_unique<engine::TrainingEngine>(actor_.ptr(), options_.training);
   const int64_t world = training_->world_size();
@@ -93,6 +96,7 @@ void HybridEngine::eval() {
   InferenceWeightsOptions weights_options;
   weights_options.pin_parameters = he.pin_parameters;
   weights_options.layers_per_gather = he.tp_gather_partition_size;
+  weights_options.lora_fuse_backup = options_.lora_fuse_backup;
   nn::LayerParameterHooks* hooks = training_->layer_parameter_hooks();
   const auto model_dtype = actor_->parameters().front().scalar_type();
   const auto dtype = options_.inference_dtype.value_or(model_dtype);

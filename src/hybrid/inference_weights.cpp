@@ -9,6 +9,12 @@
 #include "dschat/nn/lora.h"
 #include "hybrid/model_layers.h"
 
+#ifdef DSCHAT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
 namespace dschat {
 namespace hybrid {
 namespace {
@@ -53,7 +59,46 @@ class LoraFusingHooks : public nn::LayerParameterHooks {
   std::vector<std::shared_ptr<torch::nn::Module>> layers_;
 };
 
+// Bytes the device can still give: the driver's free memory plus what the caching allocator holds
+// unused. -1 without CUDA.
+int64_t free_device_bytes(const torch::Device& device) {
+#ifdef DSCHAT_WITH_CUDA
+  if (!device.is_cuda()) return -1;
+  c10::cuda::CUDAGuard guard(device);
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return static_cast<int64_t>(free) + stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+#else
+  (void)device;
+  return -1;
+#endif
+}
+
 }  // namespace
+
+torch::Device lora_backup_device(models::CausalLM& actor, const std::string& choice) {
+  DSCHAT_CHECK(choice == "auto" || choice == "device" || choice == "host", ConfigError,
+               "hybrid engine: lora_fuse_backup must be auto, device or host, got '", choice, "'");
+  const auto params = actor->parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  if (choice == "host") return torch::kCPU;
+  if (choice == "device" || device.is_cpu()) return device;
+  int64_t backup_bytes = 0;  // the weights of the Linear layers that carry adapters
+  const auto named = actor->named_parameters();
+  for (const auto& item : named) {
+    const std::string& name = item.key();
+    const size_t suffix = name.rfind(".lora_left_weight");
+    if (suffix == std::string::npos || suffix + 17 != name.size()) continue;
+    const torch::Tensor* weight = named.find(name.substr(0, suffix) + ".weight");
+    if (weight != nullptr) backup_bytes += weight->numel() * weight->element_size();
+  }
+  const int64_t free = free_device_bytes(device);
+  const bool fits = free >= 2 * backup_bytes;
+  core::log_debug("hybrid engine: LoRA backups of ", backup_bytes, " bytes kept on ", fits ? "the device" : "the host",
+                  " (", free, " bytes free)");
+  return fits ? device : torch::Device(torch::kCPU);
+}
 
 InferenceWeights::InferenceWeights(models::CausalLM actor, nn::LayerParameterHooks* zero3_hooks,
                                    const InferenceWeightsOptions& options)
@@ -95,7 +140,7 @@ void InferenceWeights::borrow() {
     backbone.set_layer_parameter_hooks(lora_hooks_.get());
   }
   if (has_lora && lora_hooks_ == nullptr) {
-    nn::fuse_lora(*actor_);
+    nn::fuse_lora(*actor_, lora_backup_device(actor_, options_.lora_fuse_backup));
     actor_fused_ = true;
   }
   gather_seconds_ = seconds_since(start);
@@ -112,8 +157,10 @@ void InferenceWeights::fill() {
   if (hooks_ != nullptr) {
     if (has_lora) require_lora_only_in_layers(actor_, "a ZeRO-3 fill");
     hooks_->begin_forward();  // the parameters outside the layers, kept until the next step
-  } else if (has_lora) {
-    nn::fuse_lora(*actor_);
+  }
+  const torch::Device backup = has_lora ? lora_backup_device(actor_, options_.lora_fuse_backup) : torch::kCPU;
+  if (hooks_ == nullptr && has_lora) {
+    nn::fuse_lora(*actor_, backup);
     actor_fused_ = true;
   }
   target_->bind_replicated(actor_);
@@ -122,7 +169,9 @@ void InferenceWeights::fill() {
   for (int64_t first = 0; first < layers; first += group) {
     const int64_t count = std::min(group, layers - first);
     for (int64_t i = first; i < first + count && hooks_ != nullptr; ++i) hooks_->acquire_layer(i);
-    for (int64_t i = first; i < first + count && hooks_ != nullptr && has_lora; ++i) nn::fuse_lora(*actor_layers[i]);
+    for (int64_t i = first; i < first + count && hooks_ != nullptr && has_lora; ++i) {
+      nn::fuse_lora(*actor_layers[i], backup);
+    }
     target_->bind_layers(actor_, first, count);
     for (int64_t i = first; i < first + count && hooks_ != nullptr && has_lora; ++i) nn::unfuse_lora(*actor_layers[i]);
     for (int64_t i = first; i < first + count && hooks_ != nullptr; ++i) hooks_->release_layer(i);

@@ -27,7 +27,13 @@ namespace hybrid {
 struct InferenceWeightsOptions {
   bool pin_parameters = true;
   int64_t layers_per_gather = 8;  // tp_gather_partition_size
+  std::string lora_fuse_backup = "auto";  // auto | device | host (HybridEngineOptions)
 };
+
+/// Where fuse_lora keeps `actor`'s unfused weights under `choice` (auto | device | host): the
+/// device when asked, or for "auto" when the device's free memory is at least twice the backups'
+/// bytes (a CPU model: the CPU). Throws core::ConfigError for another choice.
+torch::Device lora_backup_device(models::CausalLM& actor, const std::string& choice);
 
 class InferenceWeights {
  public:

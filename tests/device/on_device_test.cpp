@@ -13,6 +13,7 @@
 #include "dschat/inference/inference_engine.h"
 #include "dschat/io/npy.h"
 #include "dschat/models/load_save.h"
+#include "dschat/nn/lora.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -148,6 +149,45 @@ TEST_P(OnDevice, HybridEngineGeneratesWhatItsWeightsGenerate) {
   copy->eval();
   torch::Tensor plain_ids = inference::generate(copy, prompt, mask, config).sequences.cpu();  // [2, 12]
   EXPECT_TRUE(torch::equal(hybrid_ids, plain_ids)) << hybrid_ids << "\n" << plain_ids;
+}
+
+// LoRA fused for generation and restored at train(), with the exact weights kept on the device or
+// on the host: either way the training weights come back bit for bit.
+TEST_P(OnDevice, LoraFuseBackupOnDeviceOrHostRestoresBitForBit) {
+  for (const std::string backup : {"device", "host", "auto"}) {
+    auto actor = load_on("opt-preln", device());
+    torch::manual_seed(3);
+    nn::convert_linear_layers_to_lora(*actor, {4, 1.0, 0.0, "layers."});
+    {
+      torch::NoGradGuard no_grad;  // nonzero adapters, so that fusing changes the weights
+      for (auto& item : actor->named_parameters()) {
+        if (item.key().find("lora_left_weight") != std::string::npos) item.value().normal_(0.0, 0.05);
+      }
+    }
+    nn::only_optimize_lora_parameters(*actor);
+    std::map<std::string, torch::Tensor> before;
+    for (const auto& item : actor->named_parameters()) before[item.key()] = item.value().detach().clone();
+    nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 1},
+                         {"train_batch_size", 2}, {"steps_per_print", 0},
+                         {"hybrid_engine", {{"enabled", true}, {"max_out_tokens", 16}}}};
+    hybrid::HybridEngineOptions options;
+    options.training.config = engine::DeepSpeedConfig::parse(ds, 1, "lora backup test");
+    options.lora_fuse_backup = backup;
+    hybrid::HybridEngine engine(actor, options);
+    torch::Tensor prompt = torch::full({1, 4}, 5, torch::dtype(torch::kInt64).device(device()));  // [1, 4]
+    core::GenerationConfig config;
+    config.max_new_tokens = 2;
+    engine.eval();
+    engine.generate(prompt, torch::ones_like(prompt), config);
+    engine.train();
+    for (const auto& item : actor->named_parameters()) {
+      EXPECT_TRUE(torch::equal(item.value(), before.at(item.key()))) << backup << " " << item.key();
+    }
+  }
+  hybrid::HybridEngineOptions bad;
+  bad.lora_fuse_backup = "gpu";
+  EXPECT_THROW_WITH(hybrid::HybridEngine(load_on("opt-preln", device()), bad), core::ConfigError,
+                    "lora_fuse_backup must be auto, device or host, got 'gpu'");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values("cpu", "cuda"),

@@ -46,6 +46,11 @@ struct HybridEngineOptions {
   /// logits over its first prompt with the training forward's and throws core::Error on a
   /// mismatch. nullopt: on in debug builds, off in release builds.
   std::optional<bool> logits_self_check;
+  /// Where fusing LoRA for generation keeps the exact unfused weights it restores at train():
+  /// "device" (the weights' own device: no host round trip per switch), "host" (the CPU: frees
+  /// device memory for the KV cache), or "auto" (the device when its free memory holds the
+  /// backups twice over, else the host; always the device for a CPU model).
+  std::string lora_fuse_backup = "auto";
 };
 
 /// What the last generate() cost, beyond the inference engine's own statistics.
