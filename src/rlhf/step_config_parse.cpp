@@ -215,6 +215,7 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
   c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
   c.enable_mixed_precision_lora = o.get<bool>("enable_mixed_precision_lora", c.enable_mixed_precision_lora);
   c.align_overflow = o.get<bool>("align_overflow", c.align_overflow);
+  c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});
   c.print_answers = o.get<bool>("print_answers", c.print_answers);
   c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
   c.enable_test_mode = o.get<bool>("enable_test_mode", c.enable_test_mode);

@@ -141,6 +141,9 @@ struct PpoConfig {
   bool offload_reward_model = false;
   bool enable_ema = false;
   bool enable_mixed_precision_lora = false;  // refused: core::Unsupported (no ZeRO++ quantisation)
+  /// Ours: where fusing LoRA for generation keeps the unfused weights: auto | device | host
+  /// (hybrid::HybridEngineOptions::lora_fuse_backup).
+  std::string lora_fuse_backup = "auto";
   bool align_overflow = false;
   bool print_answers = false;
   int64_t print_answers_interval = 1;
