@@ -162,7 +162,10 @@ void FlatParameterGroup::reduce_gradients() {
   accumulate_gradients();  // every rank reduces, with zeros where it had no gradient
   const int64_t world = context_.world_size;
   if (owner_world() == 1) {  // stage 0: average the whole buffer over the data-parallel ranks
-    if (world == 1) return;
+    if (world == 1) {
+      if (gradients_leave_the_device()) move_gradients_to_state();
+      return;
+    }
     for (const ElementRange& chunk : split_into_chunks(layout_.padded_numel, context_.reduce_bucket_elements)) {
       torch::Tensor part = flat_grad_.narrow(0, chunk.begin, chunk.size());
       context_.communicator->all_reduce(part, dist::ReduceOp::Avg);
@@ -170,14 +173,16 @@ void FlatParameterGroup::reduce_gradients() {
     return;
   }
   const int64_t part = layout_.partition_numel();
-  if (!grad_partition_.defined()) grad_partition_ = new_state_tensor(part);
+  host_gradients_.complete();  // the previous backward's copies (long done): bounds the staging memory
+  const bool fresh = !grad_partition_.defined();  // zeros: the window's first contribution
+  if (fresh) grad_partition_ = new_state_tensor(part);
   torch::Tensor rows = flat_grad_.view({world, part});  // [world, part]: row r goes to rank r
   for (const ElementRange& columns : partition_column_buckets(layout_, context_.reduce_bucket_elements)) {
     torch::Tensor input = columns.size() == part ? rows : rows.narrow(1, columns.begin, columns.size()).contiguous();
     torch::Tensor reduced = torch::empty({columns.size()}, flat_grad_.options());  // [columns]: sum over ranks
     context_.communicator->reduce_scatter(reduced, input);
     reduced.div_(static_cast<double>(world));
-    grad_partition_.narrow(0, columns.begin, columns.size()).add_(reduced.to(context_.state_device));
+    add_to_partition(grad_partition_.narrow(0, columns.begin, columns.size()), reduced, fresh);
   }
   // Stages 2-3 keep only their partition of the gradients; stage 1 reuses the buffer next step.
   if (context_.stage >= 2) flat_grad_ = torch::Tensor();
@@ -210,15 +215,20 @@ void FlatParameterGroup::finish_gradient_reductions() {
   std::vector<PendingReduction> pending = std::move(pending_reductions_);
   pending_reductions_.clear();
   for (PendingReduction& reduction : pending) reduction.work.wait();
-  if (owner_world() == 1) return;  // averaged in place: the buffer is the gradient
+  if (owner_world() == 1) {  // averaged in place: the buffer is the gradient
+    if (gradients_leave_the_device()) move_gradients_to_state();
+    return;
+  }
   const ElementRange owned = owned_range();
-  if (!grad_partition_.defined()) grad_partition_ = new_state_tensor(owned.size());
+  host_gradients_.complete();  // the previous backward's copies (long done): bounds the staging memory
+  const bool fresh = !grad_partition_.defined();  // zeros: the window's first contribution
+  if (fresh) grad_partition_ = new_state_tensor(owned.size());
   for (PendingReduction& reduction : pending) {
     if (reduction.owned_part.size() == 0) continue;
     // The same division and addition as reduce_gradients(): the same values, bit for bit.
     reduction.reduced.div_(static_cast<double>(context_.world_size));
-    grad_partition_.narrow(0, reduction.owned_part.begin - owned.begin, reduction.owned_part.size())
-        .add_(reduction.reduced.to(context_.state_device));
+    const int64_t offset = reduction.owned_part.begin - owned.begin;
+    add_to_partition(grad_partition_.narrow(0, offset, reduction.owned_part.size()), reduction.reduced, fresh);
   }
   if (context_.stage >= 2) {
     flat_grad_ = torch::Tensor();
@@ -227,8 +237,31 @@ void FlatParameterGroup::finish_gradient_reductions() {
   }
 }
 
+void FlatParameterGroup::move_gradients_to_state() {
+  host_gradients_.complete();  // the previous backward's copies (long done): bounds the staging memory
+  const bool fresh = !grad_partition_.defined();  // zeros: the window's first contribution
+  if (fresh) grad_partition_ = new_state_tensor(layout_.padded_numel);
+  add_to_partition(grad_partition_, flat_grad_, fresh);
+  // The copy may still be reading the buffer: a later backward gets a fresh one rather than
+  // writing into it (freeing it is safe, see HostGradientQueue::add).
+  flat_grad_ = torch::Tensor();
+}
+
+void FlatParameterGroup::add_to_partition(const torch::Tensor& part, const torch::Tensor& reduced, bool fresh) {
+  // Each call of a reduction adds into a disjoint part, so a fresh partition's parts are zeros.
+  if (fresh) {
+    host_gradients_.add_to_zeros(part, reduced);
+  } else {
+    host_gradients_.add(part, reduced);
+  }
+}
+
+void FlatParameterGroup::complete_gradient_copies() { host_gradients_.complete(); }
+
 torch::Tensor FlatParameterGroup::owned_gradients() const {
-  if (owner_world() == 1) return flat_grad_;  // stage 0: the whole (averaged) buffer
+  DSCHAT_CHECK(host_gradients_.empty(), Error, "ZeRO group '", label_,
+               "': gradients are still being copied to the host (complete_gradient_copies first)");
+  if (owner_world() == 1 && !gradients_leave_the_device()) return flat_grad_;  // stage 0: the whole (averaged) buffer
   return grad_partition_;
 }
 
@@ -244,7 +277,9 @@ void FlatParameterGroup::publish_master() {
   DSCHAT_CHECK(!partition_params_ || !gathered(), Error, "ZeRO group '", label_,
                "': parameters must be released before the optimizer step");
   torch::Tensor values = owned_values();  // [owned]
-  if (!master_.is_alias_of(values)) values.copy_(master_);
+  // ZeRO-Offload on CUDA: queued without blocking; the all-gather below and the next forward
+  // run behind it on the same stream.
+  if (!master_.is_alias_of(values)) copy_to_device(values, master_);
   if (partition_params_ || owner_world() == 1) return;
   // Replicated groups of stages 1-2: every rank fetches the others' updated partitions.
   const int64_t world = owner_world();
@@ -262,6 +297,7 @@ void FlatParameterGroup::zero_gradients() {
   // Stages 0-1 keep their flat gradient buffer from step to step (zero-filled, not reallocated);
   // stages 2-3 hold no full gradients between backward passes.
   if (flat_grad_.defined()) flat_grad_.zero_();
+  host_gradients_.discard();
   grad_partition_ = torch::Tensor();
   for (Member& member : members_) member.param.mutable_grad() = torch::Tensor();
 }
@@ -278,7 +314,7 @@ void FlatParameterGroup::load_owned(const torch::Tensor& values) {
 MemoryFootprint FlatParameterGroup::footprint() const {
   MemoryFootprint bytes;
   bytes.parameter_bytes = bytes_of(flat_params_) + bytes_of(pending_flat_) + bytes_of(param_partition_);
-  bytes.gradient_bytes = bytes_of(flat_grad_) + bytes_of(grad_partition_);
+  bytes.gradient_bytes = bytes_of(flat_grad_) + bytes_of(grad_partition_) + host_gradients_.staged_bytes();
   for (const Member& member : members_) bytes.gradient_bytes += bytes_of(member.param.grad());
   if (master_.defined() && !master_.is_alias_of(owned_values())) bytes.optimizer_bytes = bytes_of(master_);
   return bytes;

@@ -10,6 +10,10 @@
 // Replicated groups keep the flat buffer materialised (stages 0-2, and stage 3's persistent
 // small parameters). Partitioned groups (stage 3) keep only their owned range in
 // param_partition_ and materialise the flat buffer between gather() and release().
+//
+// ZeRO-Offload on a CUDA model (state on the host): reduced gradients travel to the host partition
+// through HostGradientQueue (pinned staging, a side stream; added in order when complete), and
+// updated values travel back through copy_to_device (pinned staging, non-blocking).
 
 #include <torch/torch.h>
 
@@ -19,6 +23,7 @@
 
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/zero_partition.h"
+#include "engine/host_transfers.h"
 
 namespace dschat {
 namespace engine {
@@ -31,6 +36,7 @@ struct ZeroContext {
   int stage = 0;
   torch::Device model_device = torch::kCPU;
   torch::Device state_device = torch::kCPU;        // fp32 masters, moments, gradient partitions
+  bool offload_optimizer = false;                  // state_device is the host by offload_optimizer
   torch::Device param_store_device = torch::kCPU;  // stage 3's parameter partitions
   bool pin_memory = false;                         // CPU-side state of a CUDA model
   int64_t reduce_bucket_elements = 500000000;
@@ -90,6 +96,9 @@ class FlatParameterGroup {
   /// then free (stage 2) or zero (stage 1: a second backward before the step adds only its own
   /// gradients) the flat buffer, as reduce_gradients() leaves it.
   void finish_gradient_reductions();
+  /// Waits for the gradients still travelling to a host partition (ZeRO-Offload on CUDA) and adds
+  /// them in; owned_gradients() refuses to run before.
+  void complete_gradient_copies();
   /// [owned] fp32 gradients of the owned range (undefined before any gradient).
   torch::Tensor owned_gradients() const;
   /// [owned] fp32 master values of the owned range (trainable groups).
@@ -109,6 +118,16 @@ class FlatParameterGroup {
 
  private:
   int64_t owner_world() const { return layout_.world_size; }
+  // A world of one at stages 1-3 with the optimizer state off the model's device (ZeRO-Offload
+  // of a CUDA model): nothing to reduce, yet the gradients must reach the state device as a
+  // reduce-scatter's share would. (Stage 0 never offloads.)
+  bool gradients_leave_the_device() const {
+    return owner_world() == 1 && context_.state_device != context_.model_device;
+  }
+  void move_gradients_to_state();
+  // part += reduced (a part of grad_partition_, through host_gradients_); `fresh`: the partition
+  // was created by the calling reduction, so the part still holds zeros.
+  void add_to_partition(const torch::Tensor& part, const torch::Tensor& reduced, bool fresh);
   void point_members_at(const torch::Tensor& flat);
   void point_members_at_nothing();
   torch::Tensor new_state_tensor(int64_t numel) const;
@@ -127,6 +146,7 @@ class FlatParameterGroup {
   torch::Tensor master_;           // [owned] fp32; a view of flat_params_/param_partition_ when they are fp32 on the state device
   torch::Tensor flat_grad_;        // [padded] fp32 on the model device, between backward and reduction
   torch::Tensor grad_partition_;   // [owned] fp32 on the state device (stages 1-3)
+  HostGradientQueue host_gradients_;  // reduced gradients on their way into a host grad_partition_
   // An all-gather in flight: the buffer it fills, the source it reads, and per bucket the
   // columns, the [world, columns] landing tensor (undefined when it lands in pending_flat_
   // directly) and the handle.

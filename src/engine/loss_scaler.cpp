@@ -132,6 +132,11 @@ bool LossScaler::update(bool overflow) {
   return overflow;
 }
 
+double LossScaler::scale_after_clean_step() const {
+  if (mode_ != LossScaleMode::Dynamic) return scale_;
+  return (cur_iter_ - last_overflow_iter_) % options_.scale_window == 0 ? scale_ * options_.scale_factor : scale_;
+}
+
 nlohmann::json LossScaler::state_dict() const {
   return {{"mode", loss_scale_mode_name(mode_)},
           {"scale", scale_},
@@ -164,21 +169,23 @@ void LossScaler::load_state_dict(const nlohmann::json& state, const std::string&
   cur_hysteresis_ = cur_hysteresis;
 }
 
-bool has_inf_or_nan(const std::vector<torch::Tensor>& grads) {
-  std::vector<torch::Tensor> all_finite;
-  all_finite.reserve(grads.size());
+torch::Tensor inf_or_nan_flag(const std::vector<torch::Tensor>& grads) {
+  torch::Tensor any_bad;  // [] bool
   for (const auto& grad : grads) {
     if (!grad.defined()) continue;
-    // A 0-dim bool on the gradient's device: no host sync per tensor.
-    all_finite.push_back(torch::isfinite(grad).all());
+    torch::Tensor bad = torch::isfinite(grad).all().logical_not();  // [] bool on the gradient's device
+    if (!any_bad.defined()) {
+      any_bad = bad;
+    } else {
+      // Gradients split across devices: a blocking copy (a non-blocking one to the host could be
+      // read before it lands). The engine never mixes devices here.
+      any_bad = any_bad.logical_or(bad.to(any_bad.device()));
+    }
   }
-  if (all_finite.empty()) return false;
-  const auto device = all_finite.front().device();
-  for (auto& flag : all_finite) {
-    if (flag.device() != device) flag = flag.to(device);  // grads split across devices (offload)
-  }
-  return !torch::stack(all_finite).all().item<bool>();
+  return any_bad.defined() ? any_bad : torch::zeros({}, torch::kBool);
 }
+
+bool has_inf_or_nan(const std::vector<torch::Tensor>& grads) { return inf_or_nan_flag(grads).item<bool>(); }
 
 }  // namespace engine
 }  // namespace dschat

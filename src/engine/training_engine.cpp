@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "dschat/core/error.h"
+#include "engine/host_transfers.h"
 #include "engine/zero3_hooks.h"
 #include "engine/zero_optimizer.h"
 
@@ -21,7 +22,8 @@ ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig&
   const auto params = module.parameters();
   if (!params.empty()) context.model_device = params.front().device();
   const ZeroConfig& zero = config.zero;
-  context.state_device = zero.offload_optimizer.enabled() ? torch::Device(torch::kCPU) : context.model_device;
+  context.offload_optimizer = zero.offload_optimizer.enabled();
+  context.state_device = context.offload_optimizer ? torch::Device(torch::kCPU) : context.model_device;
   context.param_store_device =
       zero.stage == 3 && zero.offload_param.enabled() ? torch::Device(torch::kCPU) : context.model_device;
   context.pin_memory = zero.offload_optimizer.pin_memory || zero.offload_param.pin_memory;
@@ -32,6 +34,15 @@ ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig&
 }
 
 }  // namespace
+
+struct TrainingEngine::WindowNorm {
+  explicit WindowNorm(torch::Tensor norm_squared) : squared(std::move(norm_squared)), read(squared) {}
+  /// The step's one device->host read (none when the norm is already on the host: offload, CPU).
+  double host_value() { return read.get().item<double>(); }
+
+  torch::Tensor squared;  // [1] fp64 on the gradients' device, summed over ranks
+  HostRead read;          // its copy to the host, queued at once
+};
 
 TrainingEngine::TrainingEngine(std::shared_ptr<torch::nn::Module> module, TrainingEngineOptions options)
     : module_(std::move(module)), options_(std::move(options)), scaler_(LossScaler::none()) {
@@ -106,8 +117,18 @@ bool TrainingEngine::step() {
   ++micro_steps_;
   if (!boundary) return false;
 
-  const double norm_squared = reduced_window_norm_squared();  // of the scaled gradients
-  reduced_norm_squared_.reset();  // the next window reduces afresh
+  // Global L2 norm of the unscaled gradients (accumulated in double as DeepSpeed does), then one
+  // multiply that unscales and clips: g *= min(1, clip / (norm + 1e-6)) / scale. The multiplier
+  // is computed where the norm is and queued before the host waits for the norm, so a device
+  // works through it meanwhile; a step that turns out to be skipped drops the gradients anyway.
+  // DeepSpeed unscales with the scale as update_scale() leaves it, which a step that is not
+  // skipped can have doubled: that scale is known before the overflow verdict.
+  const double scale = scaler_.scale_after_clean_step();
+  WindowNorm& window = reduced_window_norm();  // of the scaled gradients
+  const double clip = options_.config.gradient_clipping;
+  if (clip > 0 || scale != 1.0) zero_->scale_gradients(unscale_and_clip_factor(window.squared, scale, clip));
+  const double norm_squared = window.host_value();
+  window_norm_.reset();  // the next window reduces afresh
   const bool non_finite = !std::isfinite(norm_squared);
   bool skip = false;
   if (skip_next_step_ && !non_finite) {
@@ -131,15 +152,10 @@ bool TrainingEngine::step() {
     return false;
   }
 
-  // Global L2 norm of the unscaled gradients (accumulated in double as DeepSpeed does), then one
-  // multiply that unscales and clips: g *= min(1, clip / (norm + 1e-6)) / scale.
-  const double norm = std::sqrt(norm_squared) / scaler_.scale();
+  DSCHAT_CHECK(scaler_.scale() == scale, Error, "loss scale ", scaler_.scale(), " after a clean step, expected ",
+               scale);
+  const double norm = std::sqrt(norm_squared) / scale;
   last_grad_norm_ = norm;
-  double factor = 1.0 / scaler_.scale();
-  const double clip = options_.config.gradient_clipping;
-  if (clip > 0 && norm + 1e-6 > clip) factor *= clip / (norm + 1e-6);
-  if (factor != 1.0) zero_->scale_gradients(factor);
-
   zero_->step();
   zero_->zero_gradients();
   if (scheduler_) {
@@ -153,15 +169,15 @@ bool TrainingEngine::step() {
 
 bool TrainingEngine::check_overflow() {
   if (!is_gradient_accumulation_boundary()) return false;
-  return !std::isfinite(reduced_window_norm_squared());
+  return !std::isfinite(reduced_window_norm().host_value());
 }
 
-double TrainingEngine::reduced_window_norm_squared() {
-  if (!reduced_norm_squared_) {
+TrainingEngine::WindowNorm& TrainingEngine::reduced_window_norm() {
+  if (!window_norm_) {
     zero_->reduce_at_boundary();
-    reduced_norm_squared_ = zero_->gradient_norm_squared();
+    window_norm_ = std::make_unique<WindowNorm>(zero_->gradient_norm_squared());
   }
-  return *reduced_norm_squared_;
+  return *window_norm_;
 }
 
 void TrainingEngine::log_step(double grad_norm) const {

@@ -183,38 +183,63 @@ void ZeroOptimizer::reduce_at_boundary() {
   for (const auto& group : groups_) group->reduce_gradients();
 }
 
-double ZeroOptimizer::gradient_norm_squared() {
+torch::Tensor unscale_and_clip_factor(const torch::Tensor& norm_squared, double scale, double clip) {
+  if (!norm_squared.device().is_cpu()) return unscale_and_clip_factor_by_tensor_ops(norm_squared, scale, clip);
+  // On the host already (a CPU run, an offloaded partition): reading it waits for nothing, and
+  // CPU tensor sqrt goes through vectorised math that is not always rounded to nearest.
+  const double norm = std::sqrt(norm_squared.item<double>()) / scale;
+  double factor = 1.0 / scale;
+  if (clip > 0 && norm + 1e-6 > clip) factor *= clip / (norm + 1e-6);
+  return torch::scalar_tensor(factor, torch::kFloat64);
+}
+
+torch::Tensor unscale_and_clip_factor_by_tensor_ops(const torch::Tensor& norm_squared, double scale, double clip) {
+  torch::NoGradGuard no_grad;
+  // Constants are filled in on the device (a kernel argument, no copy); tensor-by-tensor
+  // arithmetic keeps CUDA from dividing through a rounded reciprocal of a host scalar.
+  auto constant = [&](double value) { return torch::full({}, value, norm_squared.options()); };  // []
+  const torch::Tensor unscale = constant(1.0 / scale);                                             // []
+  if (clip <= 0) return unscale;
+  const torch::Tensor shifted = norm_squared.reshape({}).sqrt().div(constant(scale)).add(1e-6);  // [] norm + 1e-6
+  const torch::Tensor clipped = unscale.mul(constant(clip).div(shifted));                         // []
+  return torch::where(shifted.gt(clip), clipped, unscale);  // a non-finite norm: the step is skipped anyway
+}
+
+torch::Tensor ZeroOptimizer::gradient_norm_squared() {
   // One pass in chunks: a double accumulation without a full-size double copy of the gradients.
-  // An inf or NaN anywhere makes the sum non-finite, which is also the overflow test.
+  // An inf or NaN anywhere makes the sum non-finite, which is also the overflow test. The
+  // accumulator stays on the device, and the additions are the host loop's (a chunk's norm
+  // squared, added in chunk order), so CPU results are the same bits as summing host doubles.
   constexpr int64_t kChunk = int64_t{1} << 20;
-  double squares = 0.0;
+  torch::NoGradGuard no_grad;
+  for (const auto& group : groups_) group->complete_gradient_copies();
+  torch::Tensor squares = torch::zeros({1}, torch::dtype(torch::kFloat64).device(context_.state_device));  // [1]
   for (const auto& group : groups_) {
     const torch::Tensor grads = group->owned_gradients();  // [owned] fp32
     if (!grads.defined()) continue;
     for (const ElementRange& chunk : split_into_chunks(grads.numel(), kChunk)) {
       const torch::Tensor norm = at::linalg_vector_norm(grads.narrow(0, chunk.begin, chunk.size()), 2, c10::nullopt,
-                                                        false, torch::kFloat64);
-      const double value = norm.item<double>();
-      squares += value * value;
+                                                        false, torch::kFloat64);  // []
+      squares.add_(norm.mul(norm));
     }
   }
-  if (context_.stage == 0 || context_.world_size == 1) return squares;  // stage 0 owns everything
-  torch::Tensor total = torch::full({1}, squares, torch::kFloat64);  // [1]
-  context_.communicator->all_reduce(total, dist::ReduceOp::Sum);     // NaN and inf propagate
-  return total.item<double>();
+  // Stage 0 owns everything; otherwise one collective, on the gradients' device (NCCL for CUDA,
+  // Gloo for an offloaded host partition). NaN and inf propagate through the sum.
+  if (context_.stage > 0 && context_.world_size > 1) context_.communicator->all_reduce(squares, dist::ReduceOp::Sum);
+  return squares;
 }
 
-void ZeroOptimizer::scale_gradients(double factor) {
+void ZeroOptimizer::scale_gradients(const torch::Tensor& factor) {
   torch::NoGradGuard no_grad;
   for (const auto& group : groups_) {
-    torch::Tensor grads = group->owned_gradients();
+    torch::Tensor grads = group->owned_gradients();  // [owned] fp32
     if (grads.defined()) grads.mul_(factor);
   }
 }
 
-void ZeroOptimizer::bind_piece_gradients() {
+void ZeroOptimizer::bind_piece_gradients(const FlatParameterGroup* only) {
   for (OwnedPiece& piece : pieces_) {
-    torch::Tensor grads = piece.group->owned_gradients();
+    torch::Tensor grads = only && piece.group != only ? torch::Tensor() : piece.group->owned_gradients();
     piece.value.mutable_grad() =
         grads.defined() ? grads.narrow(0, piece.range_offset, piece.value.numel()) : torch::Tensor();
   }
@@ -222,9 +247,22 @@ void ZeroOptimizer::bind_piece_gradients() {
 
 void ZeroOptimizer::step() {
   if (hooks_) hooks_->release_all();
-  bind_piece_gradients();
-  adamw_->step();
-  for (const auto& group : groups_) group->publish_master();
+  for (const auto& group : groups_) group->complete_gradient_copies();
+  if (!context_.offload_optimizer) {
+    bind_piece_gradients();
+    adamw_->step();
+    for (const auto& group : groups_) group->publish_master();
+    return;
+  }
+  // ZeRO-Offload: the CPU steps one group while the previous group's new values travel to the
+  // device (and stages 1-2 all-gather them), as DeepSpeed steps stage 3's sub-groups. A piece's
+  // update depends on its own state alone, so this equals one step over all pieces.
+  for (const auto& group : groups_) {
+    if (!group->trainable()) continue;
+    bind_piece_gradients(group.get());
+    adamw_->step();
+    group->publish_master();
+  }
 }
 
 void ZeroOptimizer::publish_all() {

@@ -36,6 +36,18 @@ namespace engine {
 class OverlappedGradientReducer;
 class Zero3LayerHooks;
 
+/// DeepSpeed's unscale-and-clip multiplier, 0-dim fp64 on the norm's device:
+/// min(1, clip / (norm + 1e-6)) / scale with norm = sqrt(norm_squared) / scale, the clip term only
+/// when clip > 0; norm_squared [1] is the squared norm of the scaled gradients. A device norm is
+/// not read: unscale_and_clip_factor_by_tensor_ops computes it there. A host norm goes through
+/// the formula in double. A 0-dim factor does not promote fp32 gradients to double, so
+/// g * factor rounds as g * (double) does.
+torch::Tensor unscale_and_clip_factor(const torch::Tensor& norm_squared, double scale, double clip);
+/// The same formula as tensor operations on norm_squared's device, in the same order. On CUDA
+/// every one of them (sqrt and division included) is IEEE-rounded, so the result is the host
+/// formula's bit for bit; CPU tensor sqrt may differ from it in the last bit.
+torch::Tensor unscale_and_clip_factor_by_tensor_ops(const torch::Tensor& norm_squared, double scale, double clip);
+
 class ZeroOptimizer {
  public:
   /// A trainable parameter's part that this rank owns, as the optimizer sees it.
@@ -68,11 +80,16 @@ class ZeroOptimizer {
   void after_backward();
   /// Collective, at an accumulation boundary: stage 0 all-reduces, stage 1 reduce-scatters.
   void reduce_at_boundary();
-  /// Collective: the squared L2 norm of the whole (averaged) gradient, in double; not finite
-  /// exactly when some rank holds an inf or NaN gradient.
-  double gradient_norm_squared();
-  void scale_gradients(double factor);
+  /// Collective: [1] fp64, the squared L2 norm of the whole (averaged) gradient, summed over ranks
+  /// on the device of the gradients (the state device), so nothing is read to the host; not
+  /// finite exactly when some rank holds an inf or NaN gradient. Waits for gradients still being
+  /// copied to the host (ZeRO-Offload).
+  torch::Tensor gradient_norm_squared();
+  /// Multiplies the owned gradients by `factor`, a 0-dim tensor on their device (no host read).
+  void scale_gradients(const torch::Tensor& factor);
   /// AdamW over the owned pieces, then the new values go back into the parameters (collective).
+  /// With offload_optimizer, group by group: a group's copy back to the device starts while the
+  /// CPU steps the next one.
   void step();
   void zero_gradients();
   /// Collective at stage 3: partitioned groups gathered outside a layer's bracket are released.
@@ -89,7 +106,9 @@ class ZeroOptimizer {
  private:
   void build_groups(torch::nn::Module& module, const ZeroConfig& zero);
   void build_optimizer(const OptimizerConfig& optimizer, double lora_learning_rate);
-  void bind_piece_gradients();
+  // Points the owned pieces at their gradients; only the pieces of `only` when it is not null
+  // (the others get none, so AdamW leaves them alone).
+  void bind_piece_gradients(const FlatParameterGroup* only = nullptr);
 
   ZeroContext context_;
   std::vector<std::unique_ptr<FlatParameterGroup>> groups_;

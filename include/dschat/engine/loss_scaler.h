@@ -60,6 +60,10 @@ class LossScaler {
   /// raise_error_at_min_scale throws core::Error and leaves the state unchanged.
   /// Mode none ignores `overflow` (DeepSpeed does not check bf16/fp32 gradients) and returns false.
   bool update(bool overflow);
+  /// The scale update(false) would leave: what a step that is not skipped unscales its gradients
+  /// by (DeepSpeed unscales after update_scale, so a clean window's doubling already applies).
+  /// Known before the overflow verdict, so the engine can queue the unscale before reading it.
+  double scale_after_clean_step() const;
 
   /// Dynamic-mode counters (DeepSpeed's names); they stay at their initial values otherwise.
   int64_t cur_iter() const { return cur_iter_; }
@@ -86,8 +90,10 @@ class LossScaler {
 /// "none" | "static" | "dynamic".
 const char* loss_scale_mode_name(LossScaleMode mode);
 
-/// Whether any element of any defined tensor is inf or NaN. One device-side reduction over all
-/// tensors and a single host sync (not one per tensor); undefined tensors are skipped.
+/// Whether any element of any defined tensor is inf or NaN, as a 0-dim bool on the first defined
+/// tensor's device (CPU when there is none): device-side reductions only, no host read.
+torch::Tensor inf_or_nan_flag(const std::vector<torch::Tensor>& grads);
+/// inf_or_nan_flag() read to the host: a single sync, not one per tensor.
 bool has_inf_or_nan(const std::vector<torch::Tensor>& grads);
 
 }  // namespace engine

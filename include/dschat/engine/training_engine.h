@@ -29,8 +29,14 @@
 // Collectives are bucketed by reduce_bucket_size / allgather_bucket_size; with overlap_comm,
 // stages 0-2 reduce each gradient bucket during backward as soon as it is complete (stage 0-1:
 // in the accumulation boundary's backward). offload_optimizer
-// keeps the fp32 partition, its gradients and the moments on the CPU (pinned on CUDA builds) and
-// steps them with the CPU AdamW; offload_param keeps stage 3's parameter partitions there.
+// keeps the fp32 partition, its gradients and the moments on the CPU (pinned with pin_memory when
+// the model is on CUDA) and steps them with the CPU AdamW; offload_param keeps stage 3's parameter
+// partitions there. For a CUDA model the reduced gradients go to the host on a side stream during
+// backward and the new values come back without blocking, group by group as the CPU steps them.
+//
+// Host reads: one per optimizer step, of the squared gradient norm (summed over ranks on the
+// gradients' device), which decides the skip and gives last_grad_norm(); the unscale-and-clip
+// multiplier is computed and applied on the device before that read completes.
 
 #include <torch/torch.h>
 
@@ -100,7 +106,8 @@ class TrainingEngine {
   int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   double loss_scale() const { return scaler_.scale(); }
-  /// L2 norm of the unscaled gradients at the last boundary (-1 when they were not finite).
+  /// L2 norm of the unscaled gradients at the last boundary (-1 when they were not finite). A
+  /// host value: the step reads the squared norm to the host once anyway, to decide on the skip.
   double last_grad_norm() const { return last_grad_norm_; }
   std::vector<double> learning_rates() const;
   /// Bytes this rank holds for optimizer state (Adam moments) and fp32 master copies.
@@ -145,10 +152,14 @@ class TrainingEngine {
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
 
  private:
+  // The accumulation window's reduced gradients' squared norm, on their device and (read once)
+  // on the host; defined in training_engine.cpp.
+  struct WindowNorm;
   void apply_schedule();
   // Reduces the window's gradients across ranks once (check_overflow() or step(), whichever comes
-  // first) and returns their squared norm, cached until step() ends the window.
-  double reduced_window_norm_squared();
+  // first), computes their squared norm and starts its copy to the host; kept until step() ends
+  // the window.
+  WindowNorm& reduced_window_norm();
   void log_step(double grad_norm) const;
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -160,8 +171,8 @@ class TrainingEngine {
   int64_t global_steps_ = 0;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
-  // Set by check_overflow(): this window's gradients are reduced and their squared norm is known.
-  std::optional<double> reduced_norm_squared_;
+  // Set once this window's gradients are reduced (check_overflow() or step()).
+  std::unique_ptr<WindowNorm> window_norm_;
   bool skip_next_step_ = false;
 };
 
