@@ -63,7 +63,7 @@ part() {
 
 part cuda_tests 240 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | tee -a "$summary"
-part on_device_tests 180 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda' \
+part on_device_tests 180 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*' \
   --gtest_output="xml:$out/on_device_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/on_device_tests.log" | tee -a "$summary"
 part demo_on_gpu 300 build-gpu/dschat train --device cuda --no-progress --output-dir "$out/demo_output"

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "dschat/core/host_sync.h"
+
 #ifdef DSCHAT_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -86,6 +88,7 @@ void HostGradientQueue::complete() {
   torch::NoGradGuard no_grad;
   std::vector<State::PendingAddition> pending = std::move(state_->pending);
   state_->pending.clear();
+  core::HostSync sync("optimizer offload (host waits for its gradient copies)");
   for (State::PendingAddition& addition : pending) {
 #ifdef DSCHAT_WITH_CUDA
     addition.copied.synchronize();  // this copy only; the device keeps computing

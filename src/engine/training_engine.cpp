@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "dschat/core/error.h"
+#include "dschat/core/host_sync.h"
 #include "engine/host_transfers.h"
 #include "engine/zero3_hooks.h"
 #include "engine/zero_optimizer.h"
@@ -38,7 +39,10 @@ ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig&
 struct TrainingEngine::WindowNorm {
   explicit WindowNorm(torch::Tensor norm_squared) : squared(std::move(norm_squared)), read(squared) {}
   /// The step's one device->host read (none when the norm is already on the host: offload, CPU).
-  double host_value() { return read.get().item<double>(); }
+  double host_value() {
+    core::HostSync sync("optimizer step (gradient norm, overflow)");
+    return read.get().item<double>();
+  }
 
   torch::Tensor squared;  // [1] fp64 on the gradients' device, summed over ranks
   HostRead read;          // its copy to the host, queued at once

@@ -11,6 +11,7 @@
 #include "dschat/core/host_sync.h"
 #include "dschat/rlhf/pipeline.h"
 #include "test_util.h"
+#include "tiny_pipeline.h"
 
 namespace dschat {
 namespace {
@@ -24,40 +25,28 @@ const std::map<std::string, std::string> kAllowedSyncs = {
     {"evaluation (perplexity / reward accuracy)", "one read of the accumulated sums per evaluation"},
     {"statistics (every print_interval)", "the progress line and metrics log are host text"},
     {"optimizer step (gradient norm, overflow)", "skipping an fp16 overflow step is a host decision"},
-    {"generation (all rows finished?)", "the decode loop stops when every row has ended"},
+    {"optimizer offload (host waits for its gradient copies)", "the CPU optimizer reads the gradients it steps"},
+    {"generation (all rows finished?)", "the decode loop stops when every row has ended (every 8 steps on a GPU)"},
+    {"generation (prompt padding, once per call)", "unpadded prompts take SDPA's causal prefill, as before"},
     {"experience (answer filter)", "dropping short answers changes the batch's row count"},
     {"checkpoint", "a resumable checkpoint is written to disk"},
 };
 
-fs::path tiny_pipeline_data(const fs::path& dir) {
-  std::string out;
-  EXPECT_EQ(testing::run_command(std::string(DSCHAT_CLI_PATH) + " make-demo-data --out " + (dir / "data").string() +
-                                     " --seed 7 --train 120 --eval 24",
-                                 &out),
-            0)
-      << out;
-  return dir / "data";
-}
-
 TEST(SyncDebugCuda, OneStepOfEachTrainerMakesOnlyAllowedSyncs) {
   DSCHAT_REQUIRE_CUDA();
   testing::TempDir tmp;
-  const fs::path data = tiny_pipeline_data(tmp.path());
   const fs::path model = testing::source_dir() / "assets" / "demo-opt";
   nlohmann::json json = rlhf::demo_config();
-  json.merge_patch({{"actor_model", model.string()},
-                    {"reward_model", model.string()},
-                    {"tokenizer", model.string()},
-                    {"device", "cuda"},
-                    {"demo_report", false},
-                    {"output_dir", (tmp / "out").string()},
-                    {"data", {{"local_jsonfile_dir", data.string()}, {"data_split", "2,4,4"}}},
-                    // One optimizer step each: batches as large as the phase's data.
-                    {"step1", {{"num_train_epochs", 1}, {"per_device_train_batch_size", 64},
-                               {"data", {{"local_jsonfile_dir", (data / "sft").string()}}}}},
-                    {"step2", {{"num_train_epochs", 1}, {"per_device_train_batch_size", 64}}},
-                    {"step3", {{"num_train_epochs", 1}, {"per_device_generation_batch_size", 64},
-                               {"per_device_training_batch_size", 64}, {"num_warmup_steps", 0}}}});
+  // One optimizer step each: batches as large as the phase's data.
+  json.merge_patch(testing::tiny_pipeline_json(
+      tmp.path(), {{"preset", nullptr},
+                   {"actor_model", model.string()},
+                   {"reward_model", model.string()},
+                   {"tokenizer", model.string()},
+                   {"device", "cuda"},
+                   {"step1", {{"per_device_train_batch_size", 64}}},
+                   {"step2", {{"per_device_train_batch_size", 64}}},
+                   {"step3", {{"per_device_generation_batch_size", 64}, {"per_device_training_batch_size", 64}}}}));
   const rlhf::PipelineConfig config = rlhf::parse_pipeline_config(json, "sync-debug test");
   rlhf::StepContext context;
   context.random_init = true;
