@@ -25,8 +25,11 @@ RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_to
   return [reward, pad_token_id](const torch::Tensor& seq, const torch::Tensor& attention_mask,
                                 int64_t prompt_length) mutable {
     reward->eval();
-    torch::Tensor values = reward->forward(seq, attention_mask).to(torch::kFloat32);  // [B, L]
-    return reward_end_scores(seq, values, pad_token_id, prompt_length);             // [B]
+    // Scored where the model is (offload_reward_model keeps it on the CPU), returned on seq's device.
+    const torch::Device at = parameter_device(*reward);
+    const torch::Tensor ids = seq.to(at);                                                      // [B, L]
+    torch::Tensor values = reward->forward(ids, attention_mask.to(at)).to(torch::kFloat32);  // [B, L]
+    return reward_end_scores(ids, values, pad_token_id, prompt_length).to(seq.device());     // [B]
   };
 }
 
@@ -46,13 +49,23 @@ core::GenerationConfig experience_generation_config(const PpoConfig& config, int
 
 namespace {
 
-// The scoring forwards are collective under ZeRO-3: every rank scores, or none does.
+// The scoring forwards are collective under ZeRO-3: every rank scores, or none does. Once per
+// experience batch, on the host: has_rows is already a host value (the filter's nonzero had to
+// size its result), and the all-reduce of a CPU tensor goes through Gloo, not the GPU.
 bool every_rank_has_rows(engine::TrainingEngine& policy_engine, bool has_rows) {
   const auto& comm = policy_engine.communicator();
   if (!comm || comm->world_size() <= 1) return has_rows;
   torch::Tensor have = torch::tensor({has_rows ? 1.0 : 0.0}, torch::kFloat64);  // [1]
   comm->all_reduce(have, dist::ReduceOp::Sum);
   return have.item<double>() == static_cast<double>(comm->world_size());
+}
+
+// The log-probs of seq [K, L] under `model`, computed where the model is (offload_reference_model
+// keeps the reference on the CPU) and returned on seq's device: [K, L-1].
+torch::Tensor log_probs_on_model_device(models::CausalLM& model, const torch::Tensor& seq,
+                                        const torch::Tensor& attention_mask) {
+  const torch::Device at = parameter_device(*model);
+  return sequence_log_probs(model, seq.to(at), attention_mask.to(at)).to(seq.device());
 }
 
 }  // namespace
@@ -63,8 +76,12 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
   DSCHAT_CHECK(static_cast<bool>(sources.reward), InvalidArgument, "generate_experience: sources.reward is empty");
   const auto start = core::SteadyClock::now();
   hybrid::HybridEngine& policy = *sources.policy;
+  // Host prompts (a collated batch) go to the policy; already there, they are used as they are.
+  const torch::Device device = parameter_device(*policy.actor());
+  const torch::Tensor prompt_ids = prompts.to(device, /*non_blocking=*/true);             // [B, P]
+  const torch::Tensor prompt_attention = prompt_mask.to(device, /*non_blocking=*/true);  // [B, P]
   policy.eval();
-  torch::Tensor seq = policy.generate(prompts, prompt_mask, options.generation).sequences;  // [B * n, P + N]
+  torch::Tensor seq = policy.generate(prompt_ids, prompt_attention, options.generation).sequences;  // [B * n, P + N]
   policy.train();
   Experience exp;
   exp.prompt_length = prompts.size(1);
@@ -94,9 +111,10 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
   policy.training_engine().release_gathered_parameters();
   if (sources.reference) {
     sources.reference->eval();
-    exp.ref_logprobs = sequence_log_probs(sources.reference, seq, exp.attention_mask);  // [K, L-1]
+    exp.ref_logprobs = log_probs_on_model_device(sources.reference, seq, exp.attention_mask);  // [K, L-1]
   }
-  exp.reward_score = sources.reward(seq, exp.attention_mask, exp.prompt_length).to(torch::kFloat32);  // [K]
+  exp.reward_score =
+      sources.reward(seq, exp.attention_mask, exp.prompt_length).to(seq.device(), torch::kFloat32);  // [K]
   DSCHAT_CHECK(exp.reward_score.dim() == 1 && exp.reward_score.size(0) == seq.size(0), InvalidArgument,
                "generate_experience: the reward function returned ", exp.reward_score.sizes(), " for ",
                seq.size(0), " sequences; expected [", seq.size(0), "]");

@@ -1,6 +1,7 @@
 #include "dschat/rlhf/ppo_step.h"
 
 #include "core/log.h"
+#include "dschat/core/error.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/sft_loss.h"
 
@@ -34,13 +35,13 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   const PpoTargets targets = compute_ppo_targets(start, exp.logprobs, exp.ref_logprobs, exp.reward_score, exp.values,
                                                  action_mask, constants);
   const torch::Tensor answer_mask = action_mask.slice(1, start);  // [B, L-1-start]
-  PpoStepStats stats;
+  PpoStepStats stats;  // left on the device: the trainer reads a print interval's at once
   {
     torch::NoGradGuard no_grad;
     const torch::Tensor kl = (exp.logprobs - exp.ref_logprobs).slice(1, start);  // [B, L-1-start]
-    stats.kl = masked_mean(kl, answer_mask).item<double>();
-    stats.mean_reward = exp.reward_score.mean().item<double>();
-    stats.mean_answer_tokens = answer_mask.sum(1).to(torch::kFloat64).mean().item<double>();
+    stats.kl = masked_mean(kl, answer_mask);                                    // []
+    stats.mean_reward = exp.reward_score.mean();                                // []
+    stats.mean_answer_tokens = answer_mask.sum(1).to(torch::kFloat64).mean();   // []
   }
 
   // Actor: clipped policy loss over the answer actions.
@@ -52,8 +53,8 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   models.actor->backward(actor_out.loss);
   // Without alignment the actor steps before the critic's forward, as DeepSpeed-Chat does.
   if (!align_overflow) models.actor->step();
-  stats.actor_loss = actor_out.loss.item<double>();
-  stats.actor_clip_fraction = actor_out.clip_fraction.item<double>();
+  stats.actor_loss = actor_out.loss.detach();
+  stats.actor_clip_fraction = actor_out.clip_fraction;
 
   // Critic: clipped value loss against the GAE returns.
   torch::Tensor values = models.critic->forward(exp.seq, exp.attention_mask).slice(1, 0, -1).slice(1, start);
@@ -63,17 +64,78 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   if (align_overflow) align_overflow_skips(models.actor->training_engine(), *models.critic_engine);
   models.critic_engine->step();
   if (align_overflow) models.actor->step();
-  stats.critic_loss = critic_out.loss.item<double>();
-  stats.critic_clip_fraction = critic_out.clip_fraction.item<double>();
+  stats.critic_loss = critic_out.loss.detach();
+  stats.critic_clip_fraction = critic_out.clip_fraction;
   return stats;
 }
 
-double train_unsupervised(RlhfModels& models, const data::SftBatch& batch, double unsup_coef) {
-  torch::Tensor logits = models.actor->actor()->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
-  torch::Tensor loss = causal_lm_loss(logits, batch.labels);
+torch::Tensor train_unsupervised(RlhfModels& models, const data::SftBatch& batch, double unsup_coef) {
+  models::CausalLM& actor = models.actor->actor();
+  const data::SftBatch on_device = batch.to(parameter_device(*actor), /*non_blocking=*/true);
+  torch::Tensor logits = actor->forward(on_device.input_ids, on_device.attention_mask);  // [B, T, V]
+  torch::Tensor loss = causal_lm_loss(logits, on_device.labels);                       // []
   models.actor->backward(loss * unsup_coef);
   models.actor->step();
-  return loss.item<double>();
+  return loss.detach();
+}
+
+void PpoStatsQueue::begin_step() { steps_.emplace_back(); }
+
+void PpoStatsQueue::add(const PpoStepStats& stats) {
+  DSCHAT_CHECK(!steps_.empty(), InvalidArgument, "PpoStatsQueue::add before begin_step");
+  const torch::Device device = stats.kl.device();
+  std::vector<torch::Tensor> fields = {stats.actor_loss,  stats.critic_loss, stats.actor_clip_fraction,
+                                       stats.critic_clip_fraction, stats.kl, stats.mean_reward,
+                                       stats.mean_answer_tokens};
+  // Widened to float64 on the device: exact, as item<double>() would be.
+  for (torch::Tensor& field : fields) field = field.detach().to(device, torch::kFloat64).reshape({1});  // [1]
+  steps_.back().micro.push_back(torch::cat(fields));  // [7]
+}
+
+void PpoStatsQueue::add_unsupervised(const torch::Tensor& loss) {
+  DSCHAT_CHECK(!steps_.empty(), InvalidArgument, "PpoStatsQueue::add_unsupervised before begin_step");
+  steps_.back().unsup.push_back(loss.detach().to(torch::kFloat64).reshape({1}));  // [1]
+}
+
+std::vector<PpoStepMeans> PpoStatsQueue::read() {
+  std::vector<torch::Tensor> parts;  // every pending value in step order, [7] and [1] pieces
+  for (const Step& step : steps_) {
+    parts.insert(parts.end(), step.micro.begin(), step.micro.end());
+    parts.insert(parts.end(), step.unsup.begin(), step.unsup.end());
+  }
+  torch::Tensor host;  // [n] float64: the one copy to the host
+  if (!parts.empty()) {
+    const torch::Device device = parts.front().device();
+    for (torch::Tensor& part : parts) part = part.to(device);
+    host = torch::cat(parts).to(torch::kCPU).contiguous();
+  }
+  const double* value = host.defined() ? host.data_ptr<double>() : nullptr;
+  std::vector<PpoStepMeans> out;
+  for (const Step& step : steps_) {
+    // Summed from 0.0 in micro-step order, as the host sums were before the reads were deferred.
+    double sums[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (size_t m = 0; m < step.micro.size(); ++m, value += 7) {
+      for (int f = 0; f < 7; ++f) sums[f] += value[f];
+    }
+    double unsup_sum = 0.0;
+    for (size_t u = 0; u < step.unsup.size(); ++u) unsup_sum += *value++;
+    PpoStepMeans means;
+    means.micro_steps = static_cast<int64_t>(step.micro.size());
+    const auto mean = [&](double total) {
+      return means.micro_steps > 0 ? total / static_cast<double>(means.micro_steps) : 0.0;
+    };
+    means.actor_loss = mean(sums[0]);
+    means.critic_loss = mean(sums[1]);
+    means.actor_clip_fraction = mean(sums[2]);
+    means.critic_clip_fraction = mean(sums[3]);
+    means.kl = mean(sums[4]);
+    means.mean_reward = mean(sums[5]);
+    means.mean_answer_tokens = mean(sums[6]);
+    means.unsup_loss = mean(unsup_sum);
+    out.push_back(means);
+  }
+  steps_.clear();
+  return out;
 }
 
 }  // namespace rlhf

@@ -27,15 +27,17 @@ namespace fs = std::filesystem;
 using Clock = core::SteadyClock;
 using core::seconds_since;
 
-// The answers of an experience as text, special tokens skipped (the repeated-answer check).
-std::vector<std::string> decode_answers(const Experience& exp, const tokenizer::Tokenizer& tokenizer) {
-  std::vector<std::string> answers;
-  for (int64_t i = 0; i < exp.rows(); ++i) {
-    torch::Tensor answer = exp.seq[i].slice(0, exp.prompt_length).to(torch::kCPU).contiguous();  // [N]
-    const int64_t* ids = answer.data_ptr<int64_t>();
-    answers.push_back(tokenizer.decode(std::vector<int64_t>(ids, ids + answer.numel()), true));
+// The answers of sequences [B, L] after their prompt columns as text, special tokens skipped
+// (the repeated-answer check): one copy of the answer block to the host.
+std::vector<std::string> decode_answers(const torch::Tensor& seq, int64_t prompt_length,
+                                        const tokenizer::Tokenizer& tokenizer) {
+  torch::Tensor answers = seq.slice(1, prompt_length).to(torch::kCPU).contiguous();  // [B, N]
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < answers.size(0); ++i) {
+    const int64_t* ids = answers[i].data_ptr<int64_t>();
+    out.push_back(tokenizer.decode(std::vector<int64_t>(ids, ids + answers.size(1)), true));
   }
-  return answers;
+  return out;
 }
 
 // Removes every "global_step*" entry of `dir` except `keep` (the checkpoints of earlier steps).
@@ -47,22 +49,93 @@ void prune_checkpoints(const fs::path& dir, const std::string& keep) {
   }
 }
 
-// The per-step sums that the log line and metrics average over the PPO micro-steps.
-struct StepTotals {
-  PpoStepStats sum;
-  double unsup_loss = 0.0;
-  int64_t micro_steps = 0;
-  void add(const PpoStepStats& s) {
-    sum.actor_loss += s.actor_loss;
-    sum.critic_loss += s.critic_loss;
-    sum.actor_clip_fraction += s.actor_clip_fraction;
-    sum.critic_clip_fraction += s.critic_clip_fraction;
-    sum.kl += s.kl;
-    sum.mean_reward += s.mean_reward;
-    sum.mean_answer_tokens += s.mean_answer_tokens;
-    ++micro_steps;
+// What a PPO step knows on the host when it ends; its statistics wait in the PpoStatsQueue.
+struct PendingPpoStep {
+  int64_t epoch = 0, step = 0;
+  int64_t progress_done = 0;  // prompt batches of the run done (the progress display's count)
+  double generate_seconds = 0.0, train_seconds = 0.0;
+  int64_t sequences = 0;      // trained on this rank
+  torch::Tensor last_seq;     // [B, L] the last experience's sequences (the repeated-answer check)
+  int64_t prompt_length = 0;
+};
+
+// The step reports of step 3 (log lines, metrics rows, collapse warnings, the progress display,
+// the result's reward history), written when the statistics are read: every print_interval
+// steps, before a checkpoint and at the end. Each step's lines and rows are those an immediate
+// read would have written; all-reduced as before, so every rank must read at the same steps.
+class PpoStepReports {
+ public:
+  PpoStepReports(const PpoConfig& config, const StepContext& context, const tokenizer::Tokenizer& tokenizer,
+                 monitor::MetricsLog& metrics, monitor::Progress& progress, PpoResult& result, bool have_reward_ema)
+      : config_(config), context_(context), tokenizer_(tokenizer), metrics_(metrics), progress_(progress),
+        result_(result), have_reward_ema_(have_reward_ema), collapse_(config.max_answer_seq_len) {}
+
+  PpoStatsQueue& stats() { return stats_; }
+  monitor::CollapseWatch& collapse() { return collapse_; }
+  void step_ended(PendingPpoStep step) { pending_.push_back(std::move(step)); }
+
+  // The one read of the queued statistics, then each pending step's report in order.
+  void read() {
+    if (pending_.empty()) return;
+    const std::vector<PpoStepMeans> means = stats_.read();
+    DSCHAT_CHECK(means.size() == pending_.size(), InvalidArgument, "PPO: ", means.size(), " steps of statistics for ",
+                 pending_.size(), " steps");
+    for (size_t i = 0; i < means.size(); ++i) report(pending_[i], means[i]);
+    pending_.clear();
   }
-  double mean(double total) const { return micro_steps > 0 ? total / static_cast<double>(micro_steps) : 0.0; }
+
+ private:
+  void report(const PendingPpoStep& p, const PpoStepMeans& m) {
+    const double reward = all_reduce_mean(context_, m.mean_reward);
+    result_.reward_ema = have_reward_ema_ ? 0.9 * result_.reward_ema + 0.1 * reward : reward;
+    have_reward_ema_ = true;
+    result_.step_rewards.push_back(reward);
+    result_.mean_kl = all_reduce_mean(context_, m.kl);
+    const double actor_loss = all_reduce_mean(context_, m.actor_loss);
+    const double critic_loss = all_reduce_mean(context_, m.critic_loss);
+    const double unsup_loss = all_reduce_mean(context_, m.unsup_loss);
+    const double answer_len = all_reduce_mean(context_, m.mean_answer_tokens);
+    const int64_t world = context_world(context_);
+    const double seconds = p.generate_seconds + p.train_seconds;
+    const double seqs_per_second = static_cast<double>(p.sequences * world) / seconds;
+    const int64_t print_interval = config_.common.print_interval;
+    if (context_rank(context_) == 0 && print_interval > 0 && p.step % print_interval == 0) {
+      core::log_info("Epoch: ", p.epoch, " | Step: ", p.step, " | PPO Epoch: ", config_.ppo_epochs,
+                     " | Actor Loss: ", actor_loss, " | Critic Loss: ", critic_loss,
+                     " | Unsupervised Loss: ", unsup_loss);
+      core::log_info("End-to-End => Latency: ", seconds, "s, Generation: ", p.generate_seconds,
+                     "s, Training: ", p.train_seconds, "s, Samples/sec: ", seqs_per_second,
+                     ", Batch Size: ", p.sequences * world, ", Answer length: ", answer_len);
+      core::log_info("Average reward score: ", reward, " | EMA reward score: ", result_.reward_ema,
+                     " | KL: ", result_.mean_kl);
+    }
+    const bool mixture = !config_.data.unsupervised_dataset_name.empty();
+    metrics_.write("ppo", p.step, {{"reward", reward},
+                                   {"reward_ema", result_.reward_ema},
+                                   {"kl", result_.mean_kl},
+                                   {"actor_loss", actor_loss},
+                                   {"critic_loss", critic_loss},
+                                   {"unsup_loss", mixture ? unsup_loss : std::nan("")},
+                                   {"actor_clip_frac", all_reduce_mean(context_, m.actor_clip_fraction)},
+                                   {"critic_clip_frac", all_reduce_mean(context_, m.critic_clip_fraction)},
+                                   {"answer_len", answer_len},
+                                   {"gen_seconds", p.generate_seconds},
+                                   {"train_seconds", p.train_seconds},
+                                   {"seqs_per_sec", seqs_per_second}});
+    collapse_.observe_step(answer_len, result_.mean_kl, decode_answers(p.last_seq, p.prompt_length, tokenizer_));
+    progress_.update(p.progress_done, "reward " + std::to_string(reward) + ", kl " + std::to_string(result_.mean_kl));
+  }
+
+  const PpoConfig& config_;
+  const StepContext& context_;
+  const tokenizer::Tokenizer& tokenizer_;
+  monitor::MetricsLog& metrics_;
+  monitor::Progress& progress_;
+  PpoResult& result_;
+  bool have_reward_ema_;
+  monitor::CollapseWatch collapse_;
+  PpoStatsQueue stats_;
+  std::vector<PendingPpoStep> pending_;
 };
 
 }  // namespace
@@ -114,6 +187,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                                                    (static_cast<double>(gen_bs) / static_cast<double>(train_bs)) *
                                                    static_cast<double>(config.ppo_epochs) / static_cast<double>(gas));
   RlhfModels models = build_rlhf_models(config, total_iters, actor_gas, context);
+  const torch::Device device = models.placement.trained.device;  // the actor's and the critic's
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
 
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
@@ -146,10 +220,10 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
 
   monitor::Progress progress("PPO", config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                     !context.progress);
+  PpoStepReports reports(config, context, tokenizer, metrics, progress, result, have_reward_ema);
   std::optional<Experience> last_experience;
   std::vector<Experience> exp_buffer;
   std::vector<data::SftBatch> unsup_buffer;
-  monitor::CollapseWatch collapse(config.max_answer_seq_len);
   bool stop_test_mode = false;
   for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs && !stop_test_mode; ++epoch) {
     data::EpochBatches<data::PromptBatch> prompts(prompt_sampler, epoch, gen_bs, false,
@@ -173,10 +247,11 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       memory.enter("generating and scoring experience (actor generation; actor, reference, critic and reward "
                    "forwards)",
                    MemoryAdvice::kPpoExperience);
+      const data::PromptBatch prompt_batch = batch->to(device, /*non_blocking=*/true);
       std::optional<Experience> exp = make_experience(
-          models, batch->input_ids, batch->attention_mask,
+          models, prompt_batch.input_ids, prompt_batch.attention_mask,
           experience_generation_config(config, eos, pad, sample_seed), pad, config.min_answer_tokens);
-      collapse.observe_generation(exp ? exp->rows() : 0, gen_bs);
+      reports.collapse().observe_generation(exp ? exp->rows() : 0, gen_bs);
       if (!exp) {
         if (!last_experience) {  // DS-Chat asserts here; we skip the batch
           ++result.skipped_batches;
@@ -189,16 +264,14 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       }
       last_experience = exp;
       if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
-        for (int64_t i = 0; i < std::min<int64_t>(exp->rows(), 4); ++i) {
-          auto ids = exp->seq[i].slice(0, P);
-          core::log_info("--- answer ", i, ": ",
-                         tokenizer.decode(std::vector<int64_t>(ids.data_ptr<int64_t>(),
-                                                               ids.data_ptr<int64_t>() + ids.numel()),
-                                          true));
-        }
+        // A read of the answers, only on request.
+        const std::vector<std::string> answers =
+            decode_answers(exp->seq.slice(0, 0, std::min<int64_t>(exp->rows(), 4)), P, tokenizer);
+        for (size_t i = 0; i < answers.size(); ++i) core::log_info("--- answer ", i, ": ", answers[i]);
       }
       exp_buffer.push_back(*exp);
-      if (unsup_batch) unsup_buffer.push_back(*unsup_batch);
+      // Copied now, while the experience is scored; train_unsupervised finds it in place.
+      if (unsup_batch) unsup_buffer.push_back(unsup_batch->to(device, /*non_blocking=*/true));
       if (static_cast<int64_t>(exp_buffer.size()) < config.generation_batches) continue;
 
       // Training phase: generation_batches experiences cut into training micro-batches.
@@ -213,14 +286,15 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       }
       std::vector<data::SftBatch> unsup_micro = unsup_buffer;
       std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
-      StepTotals totals;
+      PpoStatsQueue& stats = reports.stats();
+      stats.begin_step();
       memory.enter("training the actor and critic", MemoryAdvice::kPpoTrain);
       for (int64_t ppo_epoch = 0; ppo_epoch < config.ppo_epochs; ++ppo_epoch) {
         for (size_t i = 0; i < micro.size(); ++i) {
-          totals.add(train_rlhf(models, micro[i], config.constants, config.common.compute_fp32_loss,
-                                    config.align_overflow));
+          stats.add(train_rlhf(models, micro[i], config.constants, config.common.compute_fp32_loss,
+                               config.align_overflow));
           if (mixture && i < unsup_micro.size()) {
-            totals.unsup_loss += train_unsupervised(models, unsup_micro[i], config.data.unsup_coef);
+            stats.add_unsupervised(train_unsupervised(models, unsup_micro[i], config.data.unsup_coef));
           }
           if (models.ema) update_ema(models, kEmaBeta);
         }
@@ -232,48 +306,25 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       const double train_seconds = seconds_since(train_start);
       ++step;
 
-      const double reward = all_reduce_mean(context, totals.mean(totals.sum.mean_reward));
-      result.reward_ema = have_reward_ema ? 0.9 * result.reward_ema + 0.1 * reward : reward;
-      have_reward_ema = true;
-      result.step_rewards.push_back(reward);
-      result.mean_kl = all_reduce_mean(context, totals.mean(totals.sum.kl));
       result.generate_seconds += generate_seconds;
       result.train_seconds += train_seconds;
-      const double actor_loss = all_reduce_mean(context, totals.mean(totals.sum.actor_loss));
-      const double critic_loss = all_reduce_mean(context, totals.mean(totals.sum.critic_loss));
-      const double unsup_loss = all_reduce_mean(context, totals.mean(totals.unsup_loss));
-      const double answer_len = all_reduce_mean(context, totals.mean(totals.sum.mean_answer_tokens));
-      const double seqs_per_second = static_cast<double>(sequences * world) / (generate_seconds + train_seconds);
-      if (rank == 0 && config.common.print_interval > 0 && step % config.common.print_interval == 0) {
-        core::log_info("Epoch: ", epoch, " | Step: ", step, " | PPO Epoch: ", config.ppo_epochs,
-                       " | Actor Loss: ", actor_loss, " | Critic Loss: ", critic_loss,
-                       " | Unsupervised Loss: ", unsup_loss);
-        core::log_info("End-to-End => Latency: ", generate_seconds + train_seconds, "s, Generation: ",
-                       generate_seconds, "s, Training: ", train_seconds, "s, Samples/sec: ", seqs_per_second,
-                       ", Batch Size: ", sequences * world, ", Answer length: ", answer_len);
-        core::log_info("Average reward score: ", reward, " | EMA reward score: ", result.reward_ema,
-                       " | KL: ", result.mean_kl);
-      }
-      metrics.write("ppo", step, {{"reward", reward},
-                                  {"reward_ema", result.reward_ema},
-                                  {"kl", result.mean_kl},
-                                  {"actor_loss", actor_loss},
-                                  {"critic_loss", critic_loss},
-                                  {"unsup_loss", mixture ? unsup_loss : std::nan("")},
-                                  {"actor_clip_frac", all_reduce_mean(context, totals.mean(totals.sum.actor_clip_fraction))},
-                                  {"critic_clip_frac", all_reduce_mean(context, totals.mean(totals.sum.critic_clip_fraction))},
-                                  {"answer_len", answer_len},
-                                  {"gen_seconds", generate_seconds},
-                                  {"train_seconds", train_seconds},
-                                  {"seqs_per_sec", seqs_per_second}});
-      collapse.observe_step(answer_len, result.mean_kl, decode_answers(*last_experience, tokenizer));
-      progress.update(epoch * steps_per_epoch + batch_index + 1,
-                      "reward " + std::to_string(reward) + ", kl " + std::to_string(result.mean_kl));
+      reports.step_ended(PendingPpoStep{epoch, step, epoch * steps_per_epoch + batch_index + 1, generate_seconds,
+                                        train_seconds, sequences, last_experience->seq,
+                                        last_experience->prompt_length});
+      // The statistics are read (one wait for the device) when the step prints; checkpoints and
+      // the end read the rest.
+      if (config.common.print_interval > 0 && step % config.common.print_interval == 0) reports.read();
       if (config.enable_test_mode && step >= config.test_stop_step) stop_test_mode = true;
-      const bool at_boundary = models.actor->training_engine().is_gradient_accumulation_boundary() &&
-                               models.critic_engine->is_gradient_accumulation_boundary();
+      // No accumulation window open in either engine (is_gradient_accumulation_boundary() asks
+      // about the next micro-step, which a closed window of GAS > 1 never is).
+      const auto window_closed = [](engine::TrainingEngine& e) {
+        return e.micro_steps() % e.config().gradient_accumulation_steps == 0;
+      };
+      const bool at_boundary =
+          window_closed(models.actor->training_engine()) && window_closed(*models.critic_engine);
       if (!at_boundary) continue;
       runner.after_optimizer_step(step, [&] {
+        reports.read();  // the state below holds the reward history
         const std::string tag = "global_step" + std::to_string(step);
         models.critic_engine->save_checkpoint(ckpt / "critic", tag);
         if (models.ema && rank == 0) io::save_state_dict(ckpt / "ema" / tag, module_parameters(*models.ema));
@@ -293,6 +344,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
     }
     skip_batches = 0;
   }
+  reports.read();
   progress.finish();
   result.steps = step;
   result.seconds = seconds_since(start);

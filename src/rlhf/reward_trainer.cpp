@@ -7,6 +7,7 @@
 #include "dschat/models/load_save.h"
 #include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/reward_loss.h"
+#include "dschat/rlhf/rlhf_models.h"
 #include "rlhf/memory_hint.h"
 #include "dschat/rlhf/step_runner.h"
 #include "dschat/rlhf/step_setup.h"
@@ -50,21 +51,33 @@ RewardEvaluation evaluate_reward_model(models::ValueHeadModel& model, const data
   data::EpochBatches<data::RewardBatch> batches(sampler, 0, batch_size, false, [&](const std::vector<int64_t>& items) {
     return data::collate_reward(pairs, items, {pad_token_id, std::nullopt});
   });
+  const torch::Device device = parameter_device(*model);
   RewardEvaluation result;
-  double correct = 0.0, chosen_sum = 0.0, rejected_sum = 0.0;
+  // Per batch: pairs won, mean chosen and mean rejected end score, each [] on the device; read
+  // once after the loop and summed on the host in batch order (as a read per batch would be).
+  std::vector<torch::Tensor> batch_figures;
   int64_t batch_count = 0;
-  while (auto batch = batches.next()) {
+  while (auto host_batch = batches.next()) {
     if (max_batches > 0 && batch_count >= max_batches) break;
-    torch::Tensor values = model->forward(batch->input_ids, batch->attention_mask);  // [2B, T]
-    RewardLossOutput out = reward_pairwise_loss(batch->input_ids, values.to(torch::kFloat32), pad_token_id,
+    const data::RewardBatch batch = host_batch->to(device, /*non_blocking=*/true);
+    torch::Tensor values = model->forward(batch.input_ids, batch.attention_mask);  // [2B, T]
+    // The host ids: the pair indices are read from them, not from the device.
+    RewardLossOutput out = reward_pairwise_loss(host_batch->input_ids, values.to(torch::kFloat32), pad_token_id,
                                                 num_padding_at_beginning);
-    correct += (out.chosen_end_scores > out.rejected_end_scores).sum().item<double>();
-    chosen_sum += out.chosen_end_scores.mean().item<double>();
-    rejected_sum += out.rejected_end_scores.mean().item<double>();
+    batch_figures.push_back((out.chosen_end_scores > out.rejected_end_scores).sum());
+    batch_figures.push_back(out.chosen_end_scores.mean());
+    batch_figures.push_back(out.rejected_end_scores.mean());
     result.pairs += out.chosen_end_scores.size(0);
     ++batch_count;
   }
   if (was_training) model->train();
+  const std::vector<double> figures = read_to_host(batch_figures);
+  double correct = 0.0, chosen_sum = 0.0, rejected_sum = 0.0;
+  for (size_t i = 0; i < figures.size(); i += 3) {
+    correct += figures[i];
+    chosen_sum += figures[i + 1];
+    rejected_sum += figures[i + 2];
+  }
   const double batches_d = std::max<double>(static_cast<double>(batch_count), 1.0);
   result.accuracy = all_reduce_mean(context, result.pairs > 0 ? correct / static_cast<double>(result.pairs) : 0.0);
   result.chosen_score = all_reduce_mean(context, chosen_sum / batches_d);
@@ -75,9 +88,11 @@ RewardEvaluation evaluate_reward_model(models::ValueHeadModel& model, const data
 RewardEvaluation evaluate_reward_model_on_data(const std::string& model_dir, const DataConfig& data,
                                                int64_t max_seq_len, int64_t batch_size,
                                                std::optional<int64_t> num_padding_at_beginning,
-                                               const StepContext& context) {
+                                               const StepContext& context, const torch::Device& device) {
   auto tokenizer = load_step_tokenizer(context, model_dir);
-  models::ValueHeadModel model = models::load_value_model(model_dir, {});
+  models::LoadOptions load;
+  load.device = device;
+  models::ValueHeadModel model = models::load_value_model(model_dir, load);
   check_vocab(model->config().vocab_size, tokenizer, model_dir);
   data::PhaseData phase = data::create_prompt_dataset(
       prompt_data_options(data, 2, 1234, max_seq_len, eos_text_of(tokenizer)), tokenizer);
@@ -104,7 +119,9 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   result.num_padding_at_beginning = config.num_padding_at_beginning.value_or(padding_at_beginning(tokenizer));
   const int64_t npb = result.num_padding_at_beginning;
 
+  const torch::Device device = step_device(config.common, context, where);
   models::LoadOptions load;
+  load.device = device;
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
@@ -172,13 +189,15 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
       return data::collate_reward(phase.train, items, {pad, std::nullopt});
     });
   };
-  loop.train_micro_batch = [&](const data::RewardBatch& batch) {
+  loop.train_micro_batch = [&](const data::RewardBatch& host_batch) {
+    const data::RewardBatch batch = host_batch.to(device, /*non_blocking=*/true);
     torch::Tensor values = model->forward(batch.input_ids, batch.attention_mask);  // [2B, T]
-    return reward_pairwise_loss(batch.input_ids, values, pad, npb, config.common.compute_fp32_loss).loss;  // []
+    // The pair indices come from the host ids: no wait for the device in the loss.
+    return reward_pairwise_loss(host_batch.input_ids, values, pad, npb, config.common.compute_fp32_loss).loss;  // []
   };
   loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::RewardBatch& batch) {
     metrics.write("rm", done.step, {{"loss", all_reduce_mean(context, done.window_loss)},
-                                    {"lr", engine.learning_rates().front()}});
+                                    {"lr", done.learning_rates.front()}});
     // A pair is two rows: chosen and rejected.
     log_step_throughput(done, 2 * micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
                         context);

@@ -16,14 +16,38 @@ void freeze(torch::nn::Module& module) {
 
 }  // namespace
 
+RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype) {
+  RlhfPlacement placement;
+  placement.trained = ModelPlacement{step_device, step_dtype};
+  const ModelPlacement host{torch::kCPU, step_dtype};
+  placement.reference = config.offload_reference_model ? host : placement.trained;
+  placement.reward = config.offload_reward_model ? host : placement.trained;
+  return placement;
+}
+
+torch::Device parameter_device(const torch::nn::Module& module) {
+  for (const torch::Tensor& p : module.parameters()) return p.device();
+  return torch::kCPU;
+}
+
 RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
                              const StepContext& context) {
   const std::string where = "step 3 (PPO)";
   const int64_t world = context_world(context);
   RlhfModels models;
+  models.placement = rlhf_placement(config, step_device(config.common, context, where),
+                                    step_dtype(config.common.dtype, where));
   models::LoadOptions load;
-  load.dtype = step_dtype(config.common.dtype, where);
+  load.device = models.placement.trained.device;
+  load.dtype = models.placement.trained.dtype;
   load.random_init = context.random_init;
+  // Loads of the frozen models, possibly elsewhere (the same weights: device and dtype only).
+  auto placed = [&load](const ModelPlacement& at) {
+    models::LoadOptions options = load;
+    options.device = at.device;
+    options.dtype = at.dtype;
+    return options;
+  };
 
   // Every copy of a randomly initialised model must start equal: reseed before each load.
   torch::manual_seed(config.common.seed);
@@ -51,7 +75,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   models.actor = std::make_unique<hybrid::HybridEngine>(actor, std::move(actor_options));
 
   torch::manual_seed(config.common.seed);
-  models.ref = models::load_causal_lm(config.actor_model_name_or_path, load);
+  models.ref = models::load_causal_lm(config.actor_model_name_or_path, placed(models.placement.reference));
   freeze(*models.ref);
 
   if (config.enable_ema) {
@@ -77,7 +101,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
                                               where + ": critic");
 
   torch::manual_seed(config.common.seed + 2);
-  models.reward = models::load_value_model(config.critic_model_name_or_path, load);
+  models.reward = models::load_value_model(config.critic_model_name_or_path, placed(models.placement.reward));
   freeze(*models.reward);
   return models;
 }
@@ -96,7 +120,7 @@ void update_ema(RlhfModels& models, double beta) {
   for (auto& item : models.ema->named_parameters()) {
     auto it = full.find(item.key());
     DSCHAT_CHECK(it != full.end(), InvalidArgument, "EMA: the actor has no parameter '", item.key(), "'");
-    item.value().lerp_(it->second.to(item.value().dtype()), 1.0 - beta);
+    item.value().lerp_(it->second.to(item.value().device(), item.value().dtype()), 1.0 - beta);
   }
 }
 

@@ -27,8 +27,9 @@ data::SftLossTokens loss_tokens_of(const SftConfig& config) {
 }
 
 // Mean over the eval batches of the per-batch mean loss, then over ranks (step 1's evaluation).
+// The batch losses stay on the model's device and are read once, at the end.
 double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, const data::TokenizedDataset& eval,
-                     const SftConfig& config, int64_t pad, const StepContext& context) {
+                     const SftConfig& config, int64_t pad, const torch::Device& device, const StepContext& context) {
   model->eval();
   torch::NoGradGuard no_grad;
   data::DistributedSampler sampler(eval.size(), context_world(context), context_rank(context), /*shuffle=*/false);
@@ -37,15 +38,17 @@ double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, co
                                                return data::collate_sft(eval, items, {pad, std::nullopt},
                                                                         loss_tokens_of(config));
                                              });
-  double sum = 0.0;
-  int64_t count = 0;
-  while (auto batch = batches.next()) {
-    torch::Tensor logits = model->forward(batch->input_ids, batch->attention_mask);  // [B, T, V]
-    sum += causal_lm_loss(logits, batch->labels).item<double>();
-    ++count;
+  std::vector<torch::Tensor> batch_losses;  // each [] on the device
+  while (auto host_batch = batches.next()) {
+    const data::SftBatch batch = host_batch->to(device, /*non_blocking=*/true);
+    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
+    batch_losses.push_back(causal_lm_loss(logits, batch.labels));
   }
   engine.release_gathered_parameters();
   model->train();
+  double sum = 0.0;  // summed on the host in batch order, as a read per batch would have been
+  for (double loss : read_to_host(batch_losses)) sum += loss;
+  const int64_t count = static_cast<int64_t>(batch_losses.size());
   return all_reduce_mean(context, count > 0 ? sum / static_cast<double>(count) : 0.0);
 }
 
@@ -76,7 +79,9 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
     eot = config.eot_token;
   }
 
+  const torch::Device device = step_device(config.common, context, where);
   models::LoadOptions load;
+  load.device = device;
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
@@ -121,7 +126,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
                      config.common.num_train_epochs, " *****");
     }
     memory.enter("evaluating perplexity", MemoryAdvice::kEvaluate);
-    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, context);
+    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, device, context);
     memory.enter("training", MemoryAdvice::kTrain);
     const double ppl = perplexity(static_cast<float>(loss));
     (before ? result.eval_loss_before : result.eval_loss_after) = loss;
@@ -135,18 +140,20 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
       return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens_of(config));
     });
   };
-  loop.train_micro_batch = [&](const data::SftBatch& batch) {
+  loop.train_micro_batch = [&](const data::SftBatch& host_batch) {
+    const data::SftBatch batch = host_batch.to(device, /*non_blocking=*/true);
     torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
     return causal_lm_loss(logits, batch.labels);                                    // []
   };
-  loop.after_backward = [&](const MicroBatchDone& done) {
-    if (config.print_loss) core::log_info("Epoch: ", done.epoch, ", Step: ", done.index, ", Rank: ", rank,
-                                          ", loss = ", done.loss);
-  };
+  if (config.print_loss) {  // DS-Chat's line per micro-batch: a read of every loss, so only on request
+    loop.after_backward = [&](const MicroBatchDone& done) {
+      core::log_info("Epoch: ", done.epoch, ", Step: ", done.index, ", Rank: ", rank, ", loss = ", done.loss);
+    };
+  }
   loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::SftBatch& batch) {
     const double mean_loss = all_reduce_mean(context, done.window_loss);
     metrics.write("sft", done.step, {{"loss", mean_loss},
-                                     {"lr", engine.learning_rates().front()},
+                                     {"lr", done.learning_rates.front()},
                                      {"samples_per_sec", static_cast<double>(micro * gas * world) / done.seconds}});
     log_step_throughput(done, micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
                         context);

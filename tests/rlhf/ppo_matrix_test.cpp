@@ -2,14 +2,19 @@
 // offload x actor LoRA, test mode stopping after a few steps, z2 + HE + offload without LoRA
 // skipped as upstream refuses it) on a tiny random OPT on the CPU, through run_ppo. Each case
 // checks that the steps ran, the losses are finite, the actor changed and the saved models load.
+// Also: where step 3 places its models (offload_reference_model, offload_reward_model), and that
+// reading the statistics late (every print_interval steps) or offloading changes no reported figure.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "dschat/data/demo_task.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/ppo_trainer.h"
+#include "dschat/rlhf/rlhf_models.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -108,6 +113,133 @@ TEST(PpoMatrix, DeepSpeedChatSweepRunsTestModeSteps) {
   testing::TempDir dir;
   make_inputs(dir.path());
   for (const MatrixCase& c : matrix()) run_case(dir.path(), c);
+}
+
+// Where step 3's models go: the reference and the reward model on the CPU when offloaded,
+// everything else on the step's device in its dtype. A device is only a value here, so this
+// checks the GPU placement without a GPU.
+TEST(RlhfPlacement, OffloadedModelsStayOnTheCpuInTheStepsDtype) {
+  rlhf::PpoConfig config;
+  const torch::Device gpu(torch::kCUDA, 1);
+  const rlhf::RlhfPlacement plain = rlhf::rlhf_placement(config, gpu, torch::kBFloat16);
+  for (const rlhf::ModelPlacement& at : {plain.trained, plain.reference, plain.reward}) {
+    EXPECT_EQ(at.device, gpu);
+    EXPECT_EQ(at.dtype, torch::kBFloat16);
+  }
+  config.offload_reference_model = true;
+  rlhf::RlhfPlacement offloaded = rlhf::rlhf_placement(config, gpu, torch::kFloat16);
+  EXPECT_EQ(offloaded.trained.device, gpu);
+  EXPECT_EQ(offloaded.reference.device, torch::Device(torch::kCPU));
+  EXPECT_EQ(offloaded.reference.dtype, torch::kFloat16);
+  EXPECT_EQ(offloaded.reward.device, gpu);
+  config.offload_reward_model = true;
+  offloaded = rlhf::rlhf_placement(config, gpu, torch::kFloat16);
+  EXPECT_EQ(offloaded.reward.device, torch::Device(torch::kCPU));
+  EXPECT_EQ(offloaded.reward.dtype, torch::kFloat16);
+  EXPECT_EQ(offloaded.trained.device, gpu);
+  // A CPU step: offloading changes nothing.
+  const rlhf::RlhfPlacement cpu = rlhf::rlhf_placement(config, torch::kCPU, torch::kFloat32);
+  for (const rlhf::ModelPlacement& at : {cpu.trained, cpu.reference, cpu.reward}) {
+    EXPECT_EQ(at.device, torch::Device(torch::kCPU));
+    EXPECT_EQ(at.dtype, torch::kFloat32);
+  }
+}
+
+// What a step-3 run reports: the result's figures and the metrics rows without the wall times.
+struct PpoReport {
+  rlhf::PpoResult result;
+  std::vector<monitor::MetricsRow> rows;
+  io::TensorMap actor;
+};
+
+PpoReport run_small_ppo(const fs::path& dir, const std::string& name, const nlohmann::json& extra) {
+  const fs::path out = dir / name;
+  nlohmann::json json = {{"actor_model_name_or_path", (dir / "actor").string()},
+                         {"critic_model_name_or_path", (dir / "reward").string()},
+                         {"data", {{"data_path", {"local/jsonfile"}},
+                                   {"local_jsonfile_dir", (dir / "data").string()},
+                                   {"data_output_path", ""},
+                                   {"unsupervised_dataset_name", {(dir / "unsup.jsonl").string()}}}},
+                         {"dtype", "fp32"},
+                         {"per_device_generation_batch_size", 4},
+                         {"per_device_training_batch_size", 2},
+                         {"ppo_epochs", 2},
+                         {"max_prompt_seq_len", 24},
+                         {"max_answer_seq_len", 4},
+                         {"min_answer_tokens", 1},
+                         {"actor_learning_rate", 1e-3},
+                         {"critic_learning_rate", 1e-3},
+                         {"num_warmup_steps", 0},
+                         {"enable_ema", true},
+                         {"enable_test_mode", true},
+                         {"test_stop_step", 5},
+                         {"checkpoint_interval", 2},
+                         {"output_dir", out.string()},
+                         {"experience_sampling", {{"do_sample", true}}}};
+  json.merge_patch(extra);
+  const rlhf::PpoConfig config = rlhf::parse_ppo_config(json, name);
+  rlhf::StepContext context;
+  context.progress = false;
+  PpoReport report;
+  report.result = rlhf::run_ppo(config, context);
+  report.rows = monitor::read_metrics_jsonl(fs::path(out.string() + "_logs") / "metrics.jsonl");
+  for (monitor::MetricsRow& row : report.rows) {
+    row.time = 0.0;
+    for (const char* wall : {"gen_seconds", "train_seconds", "seqs_per_sec"}) row.values.erase(wall);
+  }
+  report.actor = io::load_state_dict(out / "actor");
+  return report;
+}
+
+void expect_same_report(const PpoReport& got, const PpoReport& want) {
+  EXPECT_EQ(got.result.steps, want.result.steps);
+  EXPECT_EQ(got.result.step_rewards, want.result.step_rewards);  // bitwise
+  EXPECT_EQ(got.result.reward_ema, want.result.reward_ema);
+  EXPECT_EQ(got.result.mean_kl, want.result.mean_kl);
+  ASSERT_EQ(got.rows.size(), want.rows.size());
+  for (size_t i = 0; i < want.rows.size(); ++i) {
+    EXPECT_EQ(got.rows[i].step, want.rows[i].step);
+    ASSERT_EQ(got.rows[i].values.size(), want.rows[i].values.size()) << "row " << i;
+    for (const auto& [key, value] : want.rows[i].values) {
+      const double other = got.rows[i].values.at(key);
+      EXPECT_TRUE(other == value || (std::isnan(other) && std::isnan(value))) << key << " at step " << want.rows[i].step
+                                                                               << ": " << other << " vs " << value;
+    }
+  }
+  for (const auto& [name, tensor] : want.actor) EXPECT_TRUE(torch::equal(got.actor.at(name), tensor)) << name;
+}
+
+// The PPO statistics stay on the device and are read every print_interval steps (and before
+// each checkpoint, and at the end): reading every third step must report exactly what reading
+// every step does. Offloading the reference and reward models must change no figure either;
+// on the CPU the offloaded models stay where they were, so this checks only that the offload
+// path (moving inputs to the models' device and the scores back) is a no-op there; the
+// placement itself is RlhfPlacement's test.
+TEST(PpoDeferredStatistics, EveryThirdStepReadsAndOffloadingReportWhatTheDefaultDoes) {
+  testing::TempDir dir;
+  make_inputs(dir.path());
+  {  // mixture text for the unsupervised loss: 28-token blocks, enough for every prompt batch
+    std::ofstream unsup(dir.path() / "unsup.jsonl");
+    for (int i = 0; i < 200; ++i) {
+      unsup << nlohmann::json{{"text", "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog"}}.dump()
+            << "\n";
+    }
+  }
+  const PpoReport every_step = run_small_ppo(dir.path(), "every_step", {{"print_interval", 1}});
+  ASSERT_EQ(every_step.result.steps, 5);
+  ASSERT_EQ(every_step.rows.size(), 5u);
+  for (const auto& row : every_step.rows) EXPECT_TRUE(std::isfinite(row.values.at("unsup_loss")));
+  {
+    SCOPED_TRACE("print_interval 3");
+    expect_same_report(run_small_ppo(dir.path(), "every_third", {{"print_interval", 3}}), every_step);
+  }
+  {
+    SCOPED_TRACE("offloaded reference and reward models");
+    expect_same_report(run_small_ppo(dir.path(), "offloaded",
+                                     {{"print_interval", 1}, {"offload_reference_model", true},
+                                      {"offload_reward_model", true}}),
+                       every_step);
+  }
 }
 
 TEST(PpoConfigRules, RefusesTheUnstableZeroTwoCombination) {

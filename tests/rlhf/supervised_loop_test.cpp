@@ -65,6 +65,7 @@ const char* point_name(EvaluationPoint point) {
 struct RunOptions {
   int64_t checkpoint_interval = 0;
   int64_t eval_interval = 0;
+  int64_t progress_interval = 1;  // also how often the loop reads the losses from the device
   bool perturb = false;          // shift every parameter first: only a checkpoint can undo it
   bool fail_save = false;        // save_model throws (the checkpoints stay)
   json extra_client_state = json::object();  // merged into the hook's client state
@@ -106,22 +107,32 @@ class SupervisedLoopTest : public ::testing::Test {
     loop.progress_label = "toy";
     loop.progress_total = 5;
     loop.plain_progress = true;
+    loop.progress_interval = options.progress_interval;
     loop.epoch_batches = [&](int64_t epoch) {
       return data::EpochBatches<ToyBatch>(sampler, epoch, kMicro, false, [this](const std::vector<int64_t>& items) {
         return ToyBatch{rows_.index_select(0, torch::tensor(items, torch::kInt64))};
       });
     };
     torch::Tensor last_ids;  // [B, T] int64: the micro-batch trained last
+    std::vector<torch::Tensor> trained_ids;  // each [B, T] int64: the micro-batches in training order
     loop.train_micro_batch = [&](const ToyBatch& batch) {
       last_ids = batch.input_ids;
+      trained_ids.push_back(batch.input_ids);
       torch::Tensor loss = rlhf::causal_lm_loss(model->forward(batch.input_ids), batch.input_ids);  // []
       r.losses.push_back(loss.item<double>());
       return loss;
     };
     loop.after_backward = [&](const rlhf::MicroBatchDone& done) { r.micro_batches.push_back(done); };
     loop.on_optimizer_step = [&](const rlhf::OptimizerStepDone& done, const ToyBatch& batch) {
-      EXPECT_TRUE(torch::equal(batch.input_ids, last_ids)) << "step " << done.step << " got another batch";
-      EXPECT_EQ(done.step, engine.global_steps());
+      if (options.progress_interval == 1) {  // reported right after the step
+        EXPECT_TRUE(torch::equal(batch.input_ids, last_ids)) << "step " << done.step << " got another batch";
+        EXPECT_EQ(done.step, engine.global_steps());
+      } else if (!r.resumed) {  // reported later, with the batch that ended the window
+        const size_t last = static_cast<size_t>(done.step * kGas - 1);
+        EXPECT_TRUE(last < trained_ids.size() && torch::equal(batch.input_ids, trained_ids[last]))
+            << "step " << done.step << " got another batch";
+        EXPECT_LE(done.step, engine.global_steps());
+      }
       r.steps.push_back(done);
       r.events.push_back("step " + std::to_string(done.step));
       return "loss " + std::to_string(done.window_loss);
@@ -207,6 +218,31 @@ TEST_F(SupervisedLoopTest, AccumulatesStepsAndCallsTheHooksInOrder) {
   EXPECT_FALSE(fs::exists(checkpoints("plain")));
   // Training did something: the loss of the last epoch is below the first's.
   EXPECT_LT(r.epochs[1].mean_loss, r.epochs[0].mean_loss);
+}
+
+// The losses stay on the device and are read every progress_interval steps (and before each
+// evaluation, checkpoint and epoch end): reading every third step must report, bit for bit,
+// what reading every step does, in the same order around the evaluations.
+TEST_F(SupervisedLoopTest, ReadingTheLossesEveryThirdStepReportsWhatReadingEveryStepDoes) {
+  RunOptions every_step;
+  every_step.eval_interval = 2;
+  RunOptions every_third = every_step;
+  every_third.progress_interval = 3;
+  const Record a = run("every_step", every_step);
+  const Record b = run("every_third", every_third);
+  EXPECT_EQ(b.events, a.events);
+  ASSERT_EQ(b.steps.size(), a.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].step, a.steps[i].step);
+    EXPECT_EQ(b.steps[i].epoch, a.steps[i].epoch);
+    EXPECT_EQ(b.steps[i].micro_batch, a.steps[i].micro_batch);
+    EXPECT_EQ(b.steps[i].window_loss, a.steps[i].window_loss) << "step " << i + 1;  // bitwise
+    EXPECT_EQ(b.steps[i].learning_rates, a.steps[i].learning_rates) << "step " << i + 1;
+  }
+  ASSERT_EQ(b.epochs.size(), a.epochs.size());
+  for (size_t e = 0; e < a.epochs.size(); ++e) EXPECT_EQ(b.epochs[e].mean_loss, a.epochs[e].mean_loss) << e;
+  EXPECT_EQ(b.losses, a.losses);
+  for (const auto& [name, value] : a.parameters) EXPECT_TRUE(torch::equal(b.parameters.at(name), value)) << name;
 }
 
 TEST_F(SupervisedLoopTest, AStoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {

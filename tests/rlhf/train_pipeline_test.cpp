@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "core/json_object.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/monitor/metrics_log.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -168,6 +170,47 @@ TEST(TrainPipeline, CtrlCSavesACheckpointAndExitsWith130) {
   EXPECT_NE(out.find("status=130"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(tmp / "out/actor_checkpoints/latest"));
   EXPECT_FALSE(fs::exists(tmp / "out/actor/training_summary.json"));
+}
+
+// Steps 1 and 2 keep their losses and evaluation scores on the device and read them every
+// print_interval steps (and before evaluations, checkpoints and epoch ends): reading every third
+// step must leave every metrics row and summary figure as reading every step does. Two
+// micro-batches per optimizer step and interval evaluations in step 2 put windows and
+// evaluations between the reads.
+TEST(TrainPipeline, ReadingTheStatisticsEveryThirdStepChangesNoFigure) {
+  testing::TempDir tmp;
+  std::map<std::string, nlohmann::json> summaries;
+  std::map<std::string, std::vector<monitor::MetricsRow>> rows;
+  for (int interval : {1, 3}) {
+    const fs::path dir = tmp / ("interval" + std::to_string(interval));
+    fs::create_directories(dir);
+    const nlohmann::json step = {{"print_interval", interval}, {"gradient_accumulation_steps", 2}};
+    nlohmann::json step2 = step;
+    step2["eval_interval"] = 2;
+    const fs::path config = write_config(dir, {{"steps", {1, 2}}, {"step1", step}, {"step2", step2}});
+    std::string out;
+    ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
+    for (const char* part : {"actor", "reward"}) {
+      const std::string key = std::string(part) + std::to_string(interval);
+      summaries[key] = summary(dir / "out" / part);
+      summaries[key].erase("seconds");
+      rows[key] = monitor::read_metrics_jsonl(dir / "out" / (std::string(part) + "_logs") / "metrics.jsonl");
+    }
+  }
+  for (const char* part : {"actor", "reward"}) {
+    SCOPED_TRACE(part);
+    const std::string every = std::string(part) + "1", third = std::string(part) + "3";
+    EXPECT_EQ(summaries[third], summaries[every]);  // the figures bit for bit (JSON keeps every digit)
+    ASSERT_EQ(rows[third].size(), rows[every].size());
+    EXPECT_GE(rows[every].size(), 4u);
+    for (size_t i = 0; i < rows[every].size(); ++i) {
+      std::map<std::string, double> want = rows[every][i].values, got = rows[third][i].values;
+      want.erase("samples_per_sec");  // wall time
+      got.erase("samples_per_sec");
+      EXPECT_EQ(rows[third][i].step, rows[every][i].step) << "row " << i;
+      EXPECT_EQ(got, want) << "row " << i << " (step " << rows[every][i].step << ")";
+    }
+  }
 }
 
 TEST(TrainPipeline, ConfigErrorsNameTheKey) {

@@ -47,12 +47,14 @@ struct Experience {
 };
 
 /// The reward of whole sequences: seq, attention_mask [B, L]; prompt_length P -> [B] float32.
-/// Called without grad, after generation, on the policy's device.
+/// Called without grad, after generation, with tensors on the policy's device; the scores may
+/// come back on any device (they are moved to the policy's).
 using RewardFunction =
     std::function<torch::Tensor(const torch::Tensor& seq, const torch::Tensor& attention_mask, int64_t prompt_length)>;
 
 /// A DeepSpeed-Chat reward model as a RewardFunction: its value at each answer's last token
-/// (reward_end_scores). The model is put in eval mode.
+/// (reward_end_scores). The model is put in eval mode and scores on its own device (the CPU
+/// with offload_reward_model).
 RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id);
 
 struct ExperienceSources {
@@ -78,8 +80,10 @@ struct ExperienceOptions {
 core::GenerationConfig experience_generation_config(const PpoConfig& config, int64_t eos_token_id,
                                                     int64_t pad_token_id, uint64_t seed);
 
-/// Generates and scores one batch. prompts, prompt_mask: [B, P] left padded. Collective when the
-/// policy's engine has several ranks. Returns nullopt when every answer was dropped as too short
+/// Generates and scores one batch. prompts, prompt_mask: [B, P] left padded, on the host or the
+/// policy's device (host ones are copied over without waiting). Every tensor of the Experience
+/// is on the policy's device; a reference elsewhere (offload_reference_model: the CPU) scores
+/// there. Collective when the policy's engine has several ranks. Returns nullopt when every answer was dropped as too short
 /// on some rank. Leaves the policy (and critic) in train mode, as DS-Chat: their scoring forwards
 /// run in train mode; the reference is put in eval mode.
 std::optional<Experience> generate_experience(ExperienceSources& sources, const torch::Tensor& prompts,

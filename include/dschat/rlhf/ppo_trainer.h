@@ -6,7 +6,9 @@
 // clipped actor loss (actor step), clipped value loss (critic step), optionally the mixture LM
 // loss times unsup_coef (actor step) and the EMA update. Logged per step: reward (mean and EMA),
 // KL to the reference, losses, clip fractions, answer lengths, generation vs training time; with
-// warnings for the signs of collapse. Saves <output_dir>/{actor, critic, actor_ema}.
+// warnings for the signs of collapse; the statistics stay on the device and are read every
+// print_interval steps, before each checkpoint and at the end (the figures are those a read per
+// micro-step would give). Saves <output_dir>/{actor, critic, actor_ema}.
 #include <cstdint>
 #include <vector>
 

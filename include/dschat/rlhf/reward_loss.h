@@ -35,7 +35,9 @@ PairIndices reward_pair_indices(const torch::Tensor& chosen, const torch::Tensor
 /// DataCollatorReward order); values: [2B, T], the v_head output per token. For each pair i:
 ///   loss_i = mean over t in [divergence, span_end) of -logsigmoid(values_c[t] - values_r[t])
 /// (the slices cast to float32 first when compute_fp32), loss = (loss_0 + ... + loss_{B-1}) / B.
-/// End scores: values_c[c_ind - 1], values_r[r_ind - 1].
+/// End scores: values_c[c_ind - 1], values_r[r_ind - 1]. The indices are computed on the host:
+/// pass the batch's host ids with device values and nothing waits for the device (device ids
+/// are copied back first, which does).
 RewardLossOutput reward_pairwise_loss(const torch::Tensor& input_ids, const torch::Tensor& values,
                                       int64_t pad_token_id, int64_t num_padding_at_beginning,
                                       bool compute_fp32 = false);

@@ -9,6 +9,8 @@
 // the token step-3 answers end with, not the literal "<|endoftext|>" (the same text for GPT-2
 // tokenizers; for OPT's "</s>" DS-Chat's RM scores a token it never sees in step 3), and
 // num_padding_at_beginning is derived from the tokenizer unless the config sets it.
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,17 +46,19 @@ struct RewardResult {
 RewardResult run_reward(const RewardConfig& config, const StepContext& context);
 
 /// Accuracy and mean end scores of `model` over (at most max_batches) batches of reward pairs,
-/// all-reduced over the context's ranks (`dschat eval-rm`).
+/// all-reduced over the context's ranks (`dschat eval-rm`). The batches go to the model's
+/// device; the scores are read to the host once, after the last batch.
 RewardEvaluation evaluate_reward_model(models::ValueHeadModel& model, const data::TokenizedDataset& pairs,
                                        int64_t batch_size, int64_t max_batches, int64_t pad_token_id,
                                        int64_t num_padding_at_beginning, const StepContext& context);
 
 /// evaluate_reward_model over the phase-2 eval split of `data` (all of it), the model loaded
-/// from `model_dir` (`dschat eval-rm`). pairs is the number of pairs over all ranks.
+/// from `model_dir` onto `device` (`dschat eval-rm`). pairs is the number of pairs over all ranks.
 RewardEvaluation evaluate_reward_model_on_data(const std::string& model_dir, const DataConfig& data,
                                                int64_t max_seq_len, int64_t batch_size,
                                                std::optional<int64_t> num_padding_at_beginning,
-                                               const StepContext& context);
+                                               const StepContext& context,
+                                               const torch::Device& device = torch::kCPU);
 
 }  // namespace rlhf
 }  // namespace dschat

@@ -6,6 +6,12 @@
 //   reward  step-2 model, frozen
 //   ema     step-1 model updated only by the moving average of the actor (enable_ema)
 // Critic and reward start as identical copies of the reward model, v_head included.
+// Placement (rlhf_placement): everything on the step's device in the step's dtype, except the
+// reference with offload_reference_model and the reward model with offload_reward_model, which
+// stay on the CPU (DS-Chat keeps their weights in host memory; here they also compute there), so
+// experience generation moves their inputs and outputs (experience.h).
+#include <torch/torch.h>
+
 #include <memory>
 
 #include "dschat/engine/training_engine.h"
@@ -18,7 +24,29 @@
 namespace dschat {
 namespace rlhf {
 
+/// Where a model of step 3 lives and in which dtype.
+struct ModelPlacement {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+
+struct RlhfPlacement {
+  ModelPlacement trained;    // actor, critic and the EMA: the step's device and dtype
+  ModelPlacement reference;  // the CPU with offload_reference_model, else as trained
+  ModelPlacement reward;     // the CPU with offload_reward_model, else as trained
+};
+
+/// The placement of step 3's models for a step running on `step_device` in `step_dtype`. An
+/// offloaded model keeps the step's dtype: offloading is about memory, and the scores it gives
+/// are compared with the actor's, which are in that dtype. The EMA is not offloaded (DS-Chat
+/// offloads it with the reference): it is updated every micro-step.
+RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype);
+
+/// The device of a module's parameters (the first one's; the CPU for a module without any).
+torch::Device parameter_device(const torch::nn::Module& module);
+
 struct RlhfModels {
+  RlhfPlacement placement;  // where build_rlhf_models put each model
   std::unique_ptr<hybrid::HybridEngine> actor;
   models::CausalLM ref{nullptr};
   models::ValueHeadModel critic{nullptr};
@@ -28,7 +56,8 @@ struct RlhfModels {
 };
 
 /// Collective. `total_iters` is DS-Chat's num_total_iters (the LR schedules' length);
-/// `actor_gas` the actor's gradient accumulation (doubled with mixture training).
+/// `actor_gas` the actor's gradient accumulation (doubled with mixture training). The models
+/// are placed by rlhf_placement on the step's device (step_device of config.common).
 RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
                              const StepContext& context);
 

@@ -6,8 +6,13 @@
 //   * resume: the engine checkpoint's client state {"epoch", "batch", ...the trainer's keys},
 //     the micro-batches of that epoch already consumed are fetched and skipped;
 //   * per micro-batch: engine.backward(loss), engine.step(); at the end of each accumulation
-//     window: the trainer's report, the progress line, an evaluation every eval_interval steps,
-//     runner.after_optimizer_step with a checkpoint of the position (Ctrl-C, checkpoint_interval);
+//     window: an evaluation every eval_interval steps, runner.after_optimizer_step with a
+//     checkpoint of the position (Ctrl-C, checkpoint_interval);
+//   * the losses stay on the model's device: they are read to the host once every
+//     progress_interval optimizer steps (one copy of all of them), before an evaluation, a
+//     checkpoint and the end of each epoch; the reports of the steps ended since (the trainer's
+//     on_optimizer_step, the progress line) then run in order, with the values an immediate read
+//     would have given (the same host arithmetic), so on a GPU no micro-step waits for the device;
 //   * evaluations before training (not when resuming), after every epoch, and once more when a
 //     run resumes after its last epoch; a checkpoint at every epoch end that leaves no
 //     accumulation window open (a window may run on into the next epoch);
@@ -16,7 +21,10 @@
 //   rlhf::SupervisedLoop<data::SftBatch> loop;
 //   loop.epochs = 2;
 //   loop.epoch_batches = [&](int64_t epoch) { return data::EpochBatches<data::SftBatch>(sampler, epoch, ...); };
-//   loop.train_micro_batch = [&](const data::SftBatch& b) { return sft_loss(model->forward(...), ...); };
+//   loop.train_micro_batch = [&](const data::SftBatch& host) {  // collated on the CPU
+//     data::SftBatch b = host.to(device, /*non_blocking=*/true);
+//     return causal_lm_loss(model->forward(b.input_ids, b.attention_mask), b.labels);
+//   };
 //   loop.save_model = [&] { save_trained_model(engine, ...); };
 //   loop.run(runner, engine);
 #include <torch/torch.h>
@@ -26,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,14 +63,22 @@ struct MicroBatchDone {
   double loss = 0.0;  // the micro-batch's loss as train_micro_batch returned it (this rank)
 };
 
-/// The optimizer step that just ended an accumulation window.
+/// An optimizer step that ended an accumulation window, as its report sees it (at the loop's
+/// next read point, so everything of the step's moment is recorded here).
 struct OptimizerStepDone {
   int64_t epoch = 0;
   int64_t micro_batch = 0;   // micro-batches of the epoch consumed so far: the checkpoint's "batch"
   int64_t step = 0;          // engine.global_steps() after the step
   double seconds = 0.0;      // wall time since the previous window ended (or the epoch began)
-  double window_loss = 0.0;  // this rank's sum of loss / GAS over the window (not all-reduced)
+  // This rank's sum of loss / GAS over the window's micro-batches of the current epoch (a window
+  // running on into the next epoch counts only those); not all-reduced.
+  double window_loss = 0.0;
+  std::vector<double> learning_rates;  // engine.learning_rates() right after the step
 };
+
+/// Reports one optimizer step (metrics rows, the throughput line) and returns the text after the
+/// progress bar ("loss 0.42").
+using StepReport = std::function<std::string(const OptimizerStepDone&)>;
 
 /// An epoch whose micro-batches are all consumed (before its evaluation).
 struct EpochDone {
@@ -91,6 +108,7 @@ struct SupervisedLoopSettings {
   int64_t eval_interval = 0;
   /// The progress display (monitor::Progress): label, total optimizer steps of the whole run
   /// (optimizer_steps_for), a plain line every `progress_interval` steps, plain lines only.
+  /// progress_interval is also how often the losses are read from the device.
   std::string progress_label = "training";
   int64_t progress_total = 0;
   int64_t progress_interval = 1;
@@ -108,6 +126,8 @@ struct SupervisedLoopSettings {
   /// Restores the trainer's state from a checkpoint (e.g. the "before" evaluation) and logs the
   /// resume.
   std::function<void(const ResumePoint&)> on_resume;
+  /// Right after each backward, with the loss read to the host: set, it costs a wait for the
+  /// device every micro-batch (SFT sets it only for print_loss); reports belong in the step hooks.
   std::function<void(const MicroBatchDone&)> after_backward;
   std::function<void(const EpochDone&)> on_epoch_end;
   /// Required: saves the trained model. Called once at the end, before the checkpoints are removed.
@@ -117,10 +137,12 @@ struct SupervisedLoopSettings {
 /// One epoch's micro-batches as the untyped loop sees them; SupervisedLoop<Batch> builds it over
 /// data::EpochBatches<Batch>. A trainer with its own batch source may build it directly.
 struct SupervisedEpoch {
-  int64_t micro_batches = 0;                                                // this rank's, for the log
-  std::function<bool()> next;                                               // fetch one; false after the last
-  std::function<torch::Tensor()> loss;                                      // forward + loss of the fetched one, []
-  std::function<std::string(const OptimizerStepDone&)> on_optimizer_step;  // report; returns the progress text
+  int64_t micro_batches = 0;            // this rank's, for the log
+  std::function<bool()> next;           // fetch one; false after the last
+  std::function<torch::Tensor()> loss;  // forward + loss of the fetched one, []
+  /// The report of the step whose window the fetched micro-batch ends, holding what it needs of
+  /// that batch (it runs at a later read point); unset or an empty result: no report.
+  std::function<StepReport()> step_report;
 };
 
 /// DeepSpeed-Chat's per-step throughput line (monitor::training_throughput_line) on rank 0 every
@@ -129,6 +151,11 @@ struct SupervisedEpoch {
 void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t sequence, const core::ModelConfig& model,
                          const ModelTrainingConfig& training, const CommonStepConfig& common,
                          const StepContext& context);
+
+/// The values of scalar tensors (each [] or [1], on one device, any dtype) as host doubles, with
+/// one device-to-host copy: statistics a trainer kept on the device, read once. Each value is
+/// what item<double>() would give (widened to float64 exactly).
+std::vector<double> read_to_host(const std::vector<torch::Tensor>& scalars);
 
 /// Runs the loop (see the file comment). Collective when the engine is: every rank runs it with
 /// the same number of micro-batches. Throws core::InvalidArgument for missing required hooks,
@@ -145,8 +172,10 @@ struct SupervisedLoop : SupervisedLoopSettings {
   std::function<data::EpochBatches<Batch>(int64_t epoch)> epoch_batches;
   /// Required: forward + loss of one micro-batch, a [] tensor; the loop calls engine.backward.
   std::function<torch::Tensor(const Batch&)> train_micro_batch;
-  /// At the end of each accumulation window, with the window's last micro-batch: metrics rows,
-  /// the throughput line. Returns the text after the progress bar ("loss 0.42").
+  /// Each accumulation window's report, with the window's last micro-batch: metrics rows, the
+  /// throughput line. Returns the text after the progress bar ("loss 0.42"). Runs at the read
+  /// point after the step (see the file comment): take the step's figures from `done`, not the
+  /// engine.
   std::function<std::string(const OptimizerStepDone&, const Batch&)> on_optimizer_step;
 
   void run(StepRunner& runner, engine::TrainingEngine& engine) const {
@@ -167,8 +196,9 @@ struct SupervisedLoop : SupervisedLoopSettings {
         return state->current.has_value();
       };
       out.loss = [this, state] { return train_micro_batch(*state->current); };
-      out.on_optimizer_step = [this, state](const OptimizerStepDone& done) {
-        return on_optimizer_step ? on_optimizer_step(done, *state->current) : std::string();
+      out.step_report = [this, state]() -> StepReport {
+        if (!on_optimizer_step) return {};
+        return [this, batch = *state->current](const OptimizerStepDone& done) { return on_optimizer_step(done, batch); };
       };
       return out;
     });
