@@ -58,7 +58,10 @@ struct Entry {
 
 void run_step(models::CausalLM& model, const KvWorkspace& workspace, Entry& e) {
   FullCapacityKvCache cache(workspace, e.ids.size(0), e.slot);
-  e.logits = model->forward(e.ids, e.mask, &cache).select(1, 0).to(torch::kFloat32);  // [B, V]
+  // The full-capacity mask always has zero columns (slot p is masked in its own step): the
+  // explicit mask, stated so that no step reads it on the host (which a capture forbids).
+  torch::Tensor logits = model->forward(e.ids, e.mask, &cache, nn::MaskLayout::kLeftPadded);  // [B, 1, V]
+  e.logits = logits.select(1, 0).to(torch::kFloat32);                                             // [B, V]
 }
 
 #ifdef DSCHAT_WITH_CUDA

@@ -1,12 +1,11 @@
 #include "dschat/inference/inference_engine.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <chrono>
 
 #include "core/stopwatch.h"
 #include "core/log.h"
 #include "dschat/core/error.h"
+#include "dschat/core/host_sync.h"
 #include "dschat/inference/kv_cache.h"
 #include "dschat/inference/logits_processing.h"
 #include "inference/decode_graph.h"
@@ -18,12 +17,43 @@ namespace {
 using Clock = core::SteadyClock;
 using core::seconds_since;
 
+// Steps between the loop's host reads of "have all rows finished" on a device; every read waits
+// for the device to drain, so the host can no longer queue the next step ahead of it.
+constexpr int64_t kDeviceFinishedCheckInterval = 8;
+
+int64_t finished_check_interval(const InferenceEngineOptions& options, const torch::Device& device) {
+  if (options.finished_check_interval > 0) return options.finished_check_interval;
+  return device.is_cpu() ? 1 : kDeviceFinishedCheckInterval;  // a CPU read costs nothing
+}
+
+// The length (prompt + generated columns) at which every row had finished, or -1 while some row
+// has not: one host read. A row's generated mask is 1 up to and with its EOS, so the longest
+// such run is the step at which the last row finished, however many steps ran since.
+int64_t length_when_all_finished(const torch::Tensor& finished, const torch::Tensor& mask, int64_t prompt) {
+  const int64_t generated = mask.size(1) - prompt;
+  torch::Tensor produced = mask.narrow(1, prompt, generated).sum(1).max();  // []
+  torch::Tensor facts = torch::stack({finished.all().to(torch::kInt64), produced});  // [2]
+  core::HostSync sync("generation (all rows finished?)");
+  facts = facts.cpu();
+  return facts[0].item<int64_t>() != 0 ? prompt + facts[1].item<int64_t>() : -1;
+}
+
+// The prefill's masking as the prompts need it: SDPA's causal path for unpadded prompts (the ids
+// of before), the explicit mask otherwise. The one read of the prompt mask per call.
+nn::MaskLayout prompt_mask_layout(const torch::Tensor& attention_mask) {
+  core::HostSync sync("generation (prompt padding, once per call)");
+  return nn::detect_mask_layout(attention_mask);
+}
+
 }  // namespace
 
 InferenceEngine::InferenceEngine(models::CausalLM model, InferenceEngineOptions options)
     : options_(std::move(options)) {
   DSCHAT_CHECK(options_.max_out_tokens >= 2, InvalidArgument, "inference engine: max_out_tokens must be at least 2, got ",
                options_.max_out_tokens);
+  DSCHAT_CHECK(options_.finished_check_interval >= 0, InvalidArgument,
+               "inference engine: finished_check_interval must be >= 0 (0 = automatic), got ",
+               options_.finished_check_interval);
   if (options_.enable_cuda_graph || options_.full_capacity_decode) graphs_ = std::make_unique<DecodeGraphs>();
   set_model(std::move(model));
 }
@@ -69,11 +99,11 @@ bool InferenceEngine::any_rank_unfinished(bool unfinished_here) {
 }
 
 torch::Tensor InferenceEngine::decode_step(const torch::Tensor& step_input, const torch::Tensor& mask,
-                                           nn::KvCache& cache) {
+                                           nn::KvCache& cache, nn::MaskLayout layout) {
   // The LM head only where the next token is read: for the prefill that is 1 of T positions (as
   // transformers' logits_to_keep=1), the largest GEMM of the step otherwise.
-  torch::Tensor last = model_->hidden_states(step_input, mask, &cache).select(1, -1);  // [B, E]
-  return model_->lm_logits(last).to(torch::kFloat32);                                  // [B, V]
+  torch::Tensor last = model_->hidden_states(step_input, mask, &cache, layout).select(1, -1);  // [B, E]
+  return model_->lm_logits(last).to(torch::kFloat32);                                          // [B, V]
 }
 
 GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
@@ -119,13 +149,21 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
   const int64_t replays_before = graphs_ ? graphs_->replays() : 0;
   ContiguousKvCache cache(workspace_, batch);
   const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(config.seed);
+  at::Generator generator = make_sampling_generator(device, config.seed);
+  const nn::MaskLayout prompt_layout = prompt_mask_layout(attention_mask);
+  // Decode steps take the explicit key mask always: for an all-ones mask the decode-attention op
+  // gives bitwise the same result as without one, and no step reads the mask on the host.
+  const nn::MaskLayout step_layout = nn::MaskLayout::kLeftPadded;
+  const int64_t check_every = finished_check_interval(options_, device);
 
   torch::Tensor sequences = input_ids;                    // [B, T + n]
   torch::Tensor mask = attention_mask.to(torch::kInt64);  // [B, T + n]
   torch::Tensor finished = torch::zeros({batch}, torch::dtype(torch::kBool).device(device));  // [B]
   torch::Tensor step_input = input_ids;                   // [B, T], then [B, 1]
-  int64_t own_length = -1;  // lockstep: the length at which this rank's rows had all finished
+  // The length at which this rank's rows had all finished (-1: not yet seen). Lockstep keeps
+  // stepping after it; a read every `check_every` steps may see it late. Either way the result
+  // is trimmed to it: steps after a row finished only append pad (mask 0) to it.
+  int64_t own_length = -1;
   GenerationStats stats;
   for (int64_t step = 0; step < max_new; ++step) {
     torch::Tensor logits;  // [B, V] float32
@@ -133,7 +171,7 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
     if (logits.defined()) {
       cache.commit(1);  // the graph wrote the same slot; an eager step after it must append after it
     } else {
-      logits = decode_step(step_input, mask, cache);
+      logits = decode_step(step_input, mask, cache, step == 0 ? prompt_layout : step_layout);
     }
     ++stats.forward_steps;
     torch::Tensor next;  // [B]
@@ -147,13 +185,18 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
     sequences = torch::cat({sequences, next.unsqueeze(1)}, 1);
     mask = torch::cat({mask, finished.logical_not().to(torch::kInt64).unsqueeze(1)}, 1);
     if (config.eos_token_id) finished = finished.logical_or(next == *config.eos_token_id);
-    const bool unfinished_here = !finished.all().item<bool>();  // also syncs the device for the timers
-    if (step == 0) stats.prefill_s = seconds_since(start);
-    if (!unfinished_here && own_length < 0) own_length = sequences.size(1);
-    if (!(options_.lockstep ? any_rank_unfinished(unfinished_here) : unfinished_here)) break;
+    // Host reads (device syncs) only at step 0 (the prefill timer), every `check_every` steps and
+    // at the last; every rank of a lockstep group reads (and all-reduces) at the same steps.
+    if (step == 0 || (step + 1) % check_every == 0 || step + 1 == max_new) {
+      const int64_t done_length = length_when_all_finished(finished, mask, prompt);
+      if (step == 0) stats.prefill_s = seconds_since(start);
+      const bool unfinished_here = done_length < 0;
+      if (!unfinished_here && own_length < 0) own_length = done_length;
+      if (!(options_.lockstep ? any_rank_unfinished(unfinished_here) : unfinished_here)) break;
+    }
     step_input = next.unsqueeze(1);
   }
-  if (own_length >= 0) {  // lockstep: drop the idle steps
+  if (own_length >= 0 && own_length < sequences.size(1)) {  // drop the steps after every row finished
     sequences = sequences.narrow(1, 0, own_length);
     mask = mask.narrow(1, 0, own_length);
   }

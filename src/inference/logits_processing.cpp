@@ -1,6 +1,12 @@
 #include "dschat/inference/logits_processing.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <limits>
+
+#ifdef DSCHAT_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 namespace dschat {
 namespace inference {
@@ -35,8 +41,27 @@ torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, co
 torch::Tensor select_next_tokens(const torch::Tensor& logits, const core::GenerationConfig& config,
                                  at::Generator& generator) {
   if (!config.do_sample) return logits.argmax(1);  // [B]
-  torch::Tensor probabilities = logits.softmax(1).cpu();  // [B, V]
-  return probabilities.multinomial(1, /*replacement=*/false, generator).squeeze(1).to(logits.device());  // [B]
+  torch::Tensor probabilities = logits.softmax(1);  // [B, V]
+  if (generator.device() == logits.device()) {
+    // multinomial's argument checks are device-side asserts (torch >= 2.1): no host sync here.
+    return probabilities.multinomial(1, /*replacement=*/false, generator).squeeze(1);  // [B]
+  }
+  return probabilities.to(generator.device())
+      .multinomial(1, /*replacement=*/false, generator)
+      .squeeze(1)
+      .to(logits.device());  // [B]
+}
+
+at::Generator make_sampling_generator(const torch::Device& device, uint64_t seed) {
+#ifdef DSCHAT_WITH_CUDA
+  if (device.is_cuda()) {
+    at::Generator generator = at::cuda::detail::createCUDAGenerator(device.index());
+    generator.set_current_seed(seed);
+    return generator;
+  }
+#endif
+  (void)device;
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
 }  // namespace inference

@@ -1,6 +1,7 @@
 #include "dschat/models/backbone.h"
 
 #include "dschat/core/error.h"
+#include "dschat/core/host_sync.h"
 #include "models/llama.h"
 #include "models/opt.h"
 
@@ -21,6 +22,15 @@ torch::Tensor Backbone::full_mask(const torch::Tensor& input_ids, const torch::T
                InvalidArgument, "forward: attention_mask must be [", input_ids.size(0), ", ", total,
                "] (cached + new tokens), got ", attention_mask.sizes());
   return attention_mask;
+}
+
+nn::MaskLayout Backbone::resolve_mask_layout(const torch::Tensor& attention_mask, const nn::KvCache* cache,
+                                             nn::MaskLayout layout) {
+  if (!attention_mask.defined()) return nn::MaskLayout::kUnpadded;
+  if (layout != nn::MaskLayout::kUnknown) return layout;
+  if (cache == nullptr) return nn::MaskLayout::kUnknown;
+  core::HostSync sync("attention mask padding (a KV-cache forward without a layout)");
+  return nn::detect_mask_layout(attention_mask);
 }
 
 void Backbone::begin_forward(const nn::KvCache* cache) {

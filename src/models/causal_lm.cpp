@@ -29,8 +29,8 @@ CausalLMImpl::CausalLMImpl(const core::ModelConfig& config) {
 }
 
 torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                          nn::KvCache* cache) {
-  return backbone_->forward(input_ids, attention_mask, cache);
+                                          nn::KvCache* cache, nn::MaskLayout layout) {
+  return backbone_->forward(input_ids, attention_mask, cache, layout);
 }
 
 torch::Tensor CausalLMImpl::lm_logits(const torch::Tensor& hidden) {
@@ -39,8 +39,8 @@ torch::Tensor CausalLMImpl::lm_logits(const torch::Tensor& hidden) {
 }
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                    nn::KvCache* cache) {
-  return lm_logits(hidden_states(input_ids, attention_mask, cache));
+                                    nn::KvCache* cache, nn::MaskLayout layout) {
+  return lm_logits(hidden_states(input_ids, attention_mask, cache, layout));
 }
 
 void CausalLMImpl::load_weights(const NamedTensors& weights, const std::string& source) {

@@ -62,7 +62,8 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const nn::A
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaModel::LlamaModel(const core::ModelConfig& config) : Backbone(config) {
+LlamaModel::LlamaModel(const core::ModelConfig& config)
+    : Backbone(config), rotary_(std::make_shared<nn::RotaryFrequencies>(config)) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
@@ -70,7 +71,7 @@ LlamaModel::LlamaModel(const core::ModelConfig& config) : Backbone(config) {
 }
 
 torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                  nn::KvCache* cache) {
+                                  nn::KvCache* cache, nn::MaskLayout layout) {
   begin_forward(cache);  // the layer hooks' start, before any parameter is read
   torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
   const int64_t steps = input_ids.size(1);
@@ -78,8 +79,9 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::T
   torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/1);  // [B, T]
   torch::Tensor h = embed_tokens(input_ids);                                          // [B, T, H]
 
-  nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
-  std::tie(inputs.cos, inputs.sin) = nn::rotary_cos_sin(config_, positions, h.scalar_type());  // [B, T, D] each
+  nn::AttentionInputs inputs =
+      nn::attention_masking(mask, steps, h.scalar_type(), resolve_mask_layout(attention_mask, cache, layout));
+  std::tie(inputs.cos, inputs.sin) = rotary_->cos_sin(positions, h.scalar_type());  // [B, T, D] each
   inputs.tensor_parallel = tensor_parallel_group().get();
   h = run_layers<LlamaDecoderLayerImpl>(layers, h, inputs, cache);
   return norm(h);  // [B, T, H]

@@ -7,6 +7,7 @@
 #include "dschat/nn/attention.h"
 #include "dschat/nn/linear.h"
 #include "dschat/nn/rms_norm.h"
+#include "dschat/nn/rotary.h"
 #include "dschat/nn/tensor_parallel.h"
 
 namespace dschat {
@@ -44,14 +45,20 @@ TORCH_MODULE(LlamaDecoderLayer);
 class LlamaModel : public Backbone {
  public:
   explicit LlamaModel(const core::ModelConfig& config);
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                        nn::KvCache* cache) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, nn::KvCache* cache,
+                        nn::MaskLayout layout = nn::MaskLayout::kUnknown) override;
   torch::Tensor embedding_weight() override { return embed_tokens->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() override { return layers->children(); }
 
   torch::nn::Embedding embed_tokens{nullptr};  // [V, H]
   torch::nn::ModuleList layers{nullptr};
   nn::RmsNorm norm{nullptr};
+
+ private:
+  // The rotary inverse frequencies, kept on each device the model runs on (no host->device copy
+  // per forward). Not a registered buffer: it must stay fp32 when the model is cast, and stay out
+  // of state dicts and ZeRO partitions.
+  std::shared_ptr<nn::RotaryFrequencies> rotary_;
 };
 
 }  // namespace models

@@ -112,7 +112,7 @@ OptModel::OptModel(const core::ModelConfig& config) : Backbone(config) {
 }
 
 torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                nn::KvCache* cache) {
+                                nn::KvCache* cache, nn::MaskLayout layout) {
   begin_forward(cache);  // the layer hooks' start, before any parameter is read
   torch::Tensor mask = full_mask(input_ids, attention_mask, cache);  // [B, S]
   const int64_t steps = input_ids.size(1);
@@ -121,7 +121,8 @@ torch::Tensor OptModel::forward(const torch::Tensor& input_ids, const torch::Ten
   if (!decoder->project_in.is_empty()) h = decoder->project_in(h);
   h = h + decoder->embed_positions(positions);         // [B, T, H]
 
-  nn::AttentionInputs inputs = nn::attention_masking(mask, steps, h.scalar_type());
+  nn::AttentionInputs inputs =
+      nn::attention_masking(mask, steps, h.scalar_type(), resolve_mask_layout(attention_mask, cache, layout));
   inputs.tensor_parallel = tensor_parallel_group().get();
   h = run_layers<OptDecoderLayerImpl>(decoder->layers, h, inputs, cache);
   if (!decoder->final_layer_norm.is_empty()) h = decoder->final_layer_norm(h);

@@ -43,8 +43,8 @@ TORCH_MODULE(OptDecoder);
 class OptModel : public Backbone {
  public:
   explicit OptModel(const core::ModelConfig& config);
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                        nn::KvCache* cache) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, nn::KvCache* cache,
+                        nn::MaskLayout layout = nn::MaskLayout::kUnknown) override;
   torch::Tensor embedding_weight() override { return decoder->embed_tokens->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() override { return decoder->layers->children(); }
 

@@ -10,8 +10,9 @@ ValueHeadModelImpl::ValueHeadModelImpl(const core::ModelConfig& config) {
   v_head_ = register_module("v_head", nn::Linear(nn::LinearOptions(config.output_dim(), 1).bias(false)));
 }
 
-torch::Tensor ValueHeadModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
-  torch::Tensor hidden = backbone_->forward(input_ids, attention_mask, nullptr);  // [B, T, E]
+torch::Tensor ValueHeadModelImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                          nn::MaskLayout layout) {
+  torch::Tensor hidden = backbone_->forward(input_ids, attention_mask, nullptr, layout);  // [B, T, E]
   return v_head_(hidden).squeeze(-1);                                            // [B, T]
 }
 

@@ -42,19 +42,28 @@ torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t
   return bias.masked_fill(allowed.logical_not(), min_value).unsqueeze(1);
 }
 
-AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype) {
+AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype,
+                                  MaskLayout layout) {
   AttentionInputs inputs;
   const int64_t total = attention_mask.size(1);
-  // Reading the mask on the host would synchronise a CUDA stream, which a CUDA-graph capture
-  // forbids; there the mask is taken as padded (the explicit-mask path is right for any mask).
-  bool unpadded = attention_mask.numel() == 0 || (!capturing_cuda_graph(attention_mask) && attention_mask.all().item<bool>());
-  if (unpadded && new_tokens == total) {
+  const bool unpadded = layout == MaskLayout::kUnpadded || attention_mask.numel() == 0;
+  // Right padding without cached tokens: a real token's causal window holds only real tokens.
+  const bool causal_suffices = unpadded || (layout == MaskLayout::kRightPadded && new_tokens == total);
+  if (causal_suffices && new_tokens == total) {
     inputs.is_causal = true;
   } else if (!(unpadded && new_tokens == 1)) {
     inputs.bias = causal_attention_bias(attention_mask, new_tokens, dtype);  // [B, 1, T, S]
   }
-  if (!unpadded) inputs.attention_mask = attention_mask.to(torch::kInt64);  // [B, S]
+  if (!causal_suffices) inputs.attention_mask = attention_mask.to(torch::kInt64);  // [B, S]
   return inputs;
+}
+
+MaskLayout detect_mask_layout(const torch::Tensor& attention_mask) {
+  // Reading the mask on the host would synchronise a CUDA stream, which a CUDA-graph capture
+  // forbids; there the mask is taken as padded (the explicit-mask path is right for any mask).
+  if (attention_mask.numel() == 0) return MaskLayout::kUnpadded;
+  if (capturing_cuda_graph(attention_mask)) return MaskLayout::kLeftPadded;
+  return attention_mask.all().item<bool>() ? MaskLayout::kUnpadded : MaskLayout::kLeftPadded;
 }
 
 torch::Tensor positions_from_mask(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t pad_position) {
@@ -115,15 +124,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
     out = ops::decode_attention(q, k, v, inputs.attention_mask, k.size(2), score_scale)  // [B, H, 1, D]
               .reshape({batch, 1, options.num_heads() * d});
   } else {
-    const int64_t groups = options.num_heads() / options.num_kv_heads();
-    if (groups > 1) {  // grouped-query attention: each KV head serves `groups` query heads
-      k = k.repeat_interleave(groups, 1);  // [B, H, S, D]
-      v = v.repeat_interleave(groups, 1);  // [B, H, S, D]
-    }
+    // Grouped-query attention: each KV head serves H / H_kv query heads. SDPA groups them itself
+    // (enable_gqa; the same head h -> h / (H / H_kv) mapping as repeat_interleave, with forward
+    // outputs bitwise equal on the CPU), so k and v are not materialised H / H_kv times.
+    const bool grouped = options.num_heads() != options.num_kv_heads();
     double dropout = is_training() ? options.dropout() : 0.0;
     std::optional<torch::Tensor> bias;
     if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
-    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal, score_scale);  // [B, H, T, D]
+    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal, score_scale,
+                                           /*enable_gqa=*/grouped);  // [B, H, T, D]
     out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});                    // [B, T, H * D]
   }
   if (inputs.tensor_parallel != nullptr) {

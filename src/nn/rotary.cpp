@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dschat/core/host_sync.h"
 #include "dschat/ops/rotary.h"
 
 namespace dschat {
@@ -34,14 +35,52 @@ torch::Tensor rotary_inverse_frequencies(const core::ModelConfig& config, int64_
   return inv_freq;
 }
 
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const torch::Tensor& inv_freq, const torch::Tensor& positions,
+                                                       torch::ScalarType dtype) {
+  torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);                            // [B, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+namespace {
+
+// Only dynamic NTK needs the longest position, and reading it is a device sync: 0 otherwise.
+int64_t longest_position_for(const core::ModelConfig& config, const torch::Tensor& positions) {
+  if (config.rope_scaling.type != "dynamic" || positions.numel() == 0) return 0;
+  core::HostSync sync("rotary positions (dynamic NTK rope only)");
+  return positions.max().item<int64_t>() + 1;
+}
+
+}  // namespace
+
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const core::ModelConfig& config, const torch::Tensor& positions,
                                                        torch::ScalarType dtype) {
-  // Only dynamic NTK needs the longest position, and reading it is a device sync: skip otherwise.
-  int64_t longest = config.rope_scaling.type == "dynamic" && positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
+  const int64_t longest = longest_position_for(config, positions);
   torch::Tensor inv_freq = rotary_inverse_frequencies(config, longest).to(positions.device());  // [D/2]
-  torch::Tensor freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;                // [B, T, D/2]
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);                                          // [B, T, D]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return rotary_cos_sin(inv_freq, positions, dtype);
+}
+
+RotaryFrequencies::RotaryFrequencies(core::ModelConfig config) : config_(std::move(config)) {}
+
+torch::Tensor RotaryFrequencies::on_device(const torch::Device& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [where, inv_freq] : by_device_) {
+    if (where == device) return inv_freq;
+  }
+  // Lengths up to max_position_embeddings leave every scaling type at its base frequencies.
+  torch::Tensor inv_freq = rotary_inverse_frequencies(config_, 0).to(device);  // [D/2]
+  by_device_.emplace_back(device, inv_freq);
+  return inv_freq;
+}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryFrequencies::cos_sin(const torch::Tensor& positions,
+                                                                   torch::ScalarType dtype) {
+  const int64_t longest = longest_position_for(config_, positions);
+  if (longest > config_.max_position_embeddings) {  // dynamic NTK past max positions: this batch's own
+    torch::Tensor grown = rotary_inverse_frequencies(config_, longest).to(positions.device());  // [D/2]
+    return rotary_cos_sin(grown, positions, dtype);
+  }
+  return rotary_cos_sin(on_device(positions.device()), positions, dtype);
 }
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {

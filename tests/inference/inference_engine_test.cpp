@@ -3,12 +3,16 @@
 // identical, per-row EOS included), the CUDA-graph step's full-capacity layout run eagerly gives
 // the same ids and logits within 1e-5 of the narrowed step (fp32 noise: only the attention's
 // summation length differs; masked slots add exact zeros), the workspace is one allocation reused / grown / released as documented, and
-// sampling is reproducible from its seed. transformers' greedy ids: tests/models/parity_test.cpp.
+// sampling is reproducible from its seed and draws on the CPU exactly as a CPU generator does;
+// reading "all rows finished" every k steps (a GPU's default) changes no id.
+// transformers' greedy ids: tests/models/parity_test.cpp.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "dschat/inference/generate.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/inference/kv_cache.h"
+#include "dschat/inference/logits_processing.h"
 #include "inference/decode_graph.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
@@ -129,6 +133,59 @@ TEST_P(InferenceEngineOnFixtures, FullCapacityStepLogitsEqualTheNarrowedStep) {
   }
 }
 
+TEST_P(InferenceEngineOnFixtures, DecodeStepsUnderTheKeyMaskEqualUnmaskedStepsBitwise) {
+  // The engine's decode steps always pass the key mask (kLeftPadded), so that no step reads the
+  // mask on the host; over unpadded rows that must be exactly the unmasked step it replaced.
+  auto model = models::load_causal_lm(testing::fixture(GetParam()).string());
+  const Prompts p = fixture_prompts(GetParam());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = p.ids.narrow(0, 0, 1);  // [1, T] row 0: unpadded
+  const int64_t t = ids.size(1);
+  std::vector<torch::Tensor> steps;  // [1, 1, V] per layout
+  for (const auto layout : {nn::MaskLayout::kUnpadded, nn::MaskLayout::kLeftPadded}) {
+    inference::ContiguousKvCache cache(model->config(), 1, t + 2, torch::kFloat32, torch::kCPU);
+    torch::Tensor next = model->forward(ids, {}, &cache).select(1, -1).argmax(1, true);  // [1, 1]
+    steps.push_back(model->forward(next, torch::ones({1, t + 1}, torch::kInt64), &cache, layout));
+  }
+  EXPECT_TRUE(torch::equal(steps[0], steps[1]));
+}
+
+TEST_P(InferenceEngineOnFixtures, ReadingFinishedRowsEveryFewStepsChangesNoIds) {
+  // A device reads "every row finished" only every k steps, so up to k - 1 steps run after the
+  // last EOS; they are trimmed off. Row 0 alone stops at its second token (every row finished);
+  // all three rows: rows 1 and 2 run on. Sampling too: the extra steps' draws are discarded.
+  auto model = models::load_causal_lm(testing::fixture(GetParam()).string());
+  const Prompts p = fixture_prompts(GetParam());
+  core::GenerationConfig config;
+  config.max_new_tokens = 12;
+  InferenceEngine every_step(model, quiet(40));
+  config.eos_token_id = every_step.generate(p.ids, p.mask, config).sequences[0][p.ids.size(1) + 1].item<int64_t>();
+  for (const int64_t interval : {3, 5}) {
+    InferenceEngineOptions options = quiet(40);
+    options.finished_check_interval = interval;
+    InferenceEngine sparse(model, options);
+    for (const int64_t rows : {1, 3}) {
+      for (const bool sample : {false, true}) {
+        config.do_sample = sample;
+        const torch::Tensor ids = p.ids.narrow(0, 0, rows), mask = p.mask.narrow(0, 0, rows);  // [rows, T]
+        GenerationResult a = every_step.generate(ids, mask, config);
+        GenerationResult b = sparse.generate(ids, mask, config);
+        EXPECT_TRUE(torch::equal(a.sequences, b.sequences))
+            << "interval " << interval << ", rows " << rows << "\n" << a.sequences << "\nsparse\n" << b.sequences;
+        EXPECT_TRUE(torch::equal(a.attention_mask, b.attention_mask));
+        EXPECT_GE(sparse.last_stats().forward_steps, every_step.last_stats().forward_steps);
+        if (rows == 1 && !sample) EXPECT_LE(a.sequences.size(1), p.ids.size(1) + 2);  // stopped at its EOS
+      }
+    }
+  }
+  EXPECT_THROW_WITH(InferenceEngine(model, [] {
+                      InferenceEngineOptions bad = quiet(40);
+                      bad.finished_check_interval = -1;
+                      return bad;
+                    }()),
+                    core::InvalidArgument, "finished_check_interval must be >= 0");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, InferenceEngineOnFixtures, ::testing::ValuesIn(testing::model_fixtures()),
                          testing::FixtureName());
 
@@ -210,6 +267,19 @@ TEST_F(InferenceEngineWorkspace, SeededSamplingIsReproducibleAcrossEngines) {
   config.seed = 8;
   GenerationResult c = first.generate(p.ids, p.mask, config);
   EXPECT_FALSE(torch::equal(a.sequences, c.sequences));
+}
+
+TEST(SamplingGenerator, OnTheCpuDrawsTheIdsOfACpuGeneratorOnTheCpu) {
+  torch::manual_seed(3);
+  torch::Tensor logits = torch::randn({4, 50});  // [B, V]
+  core::GenerationConfig config;
+  config.do_sample = true;
+  at::Generator generator = inference::make_sampling_generator(torch::kCPU, 11);
+  EXPECT_EQ(generator.device(), torch::Device(torch::kCPU));
+  torch::Tensor got = inference::select_next_tokens(logits, config, generator);  // [B]
+  at::Generator reference = at::make_generator<at::CPUGeneratorImpl>(11);
+  torch::Tensor expected = logits.softmax(1).multinomial(1, /*replacement=*/false, reference).squeeze(1);  // [B]
+  EXPECT_TRUE(torch::equal(got, expected)) << got << "\n" << expected;
 }
 
 TEST_F(InferenceEngineWorkspace, MinNewTokensHoldsBackEos) {

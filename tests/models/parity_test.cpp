@@ -5,6 +5,11 @@
 // far above the fp32 differences); bf16 logits 0.03 absolute: 4 bf16 ulps at the fixtures' logit
 // magnitude (< 2), since the two runs may round intermediate sums differently (measured: at most
 // 0.0156, and fp32 logits are bitwise equal to transformers').
+// Mask layouts (nn::MaskLayout, MaskLayoutParity): the causal path a caller states for unpadded
+// and right-padded batches, and the explicit mask for left-padded ones, give at every real token
+// the logits of the explicit mask and of each row run alone: fp32, within 1e-5 x max(1, the
+// largest |logit|) (an absolute floor of 1e-5; the two paths differ only in SDPA's masking);
+// gradients of a loss over real tokens within the tolerance of GradientsMatchTransformers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -179,6 +184,92 @@ TEST_P(ModelParity, SaveThenLoadIsBitwiseIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity, ::testing::ValuesIn(testing::model_fixtures()), testing::FixtureName());
+
+// The fixture's rows with their real tokens moved to the front: a right-padded batch [B, T].
+Batch right_padded(const Batch& left) {
+  std::vector<torch::Tensor> ids, masks;
+  for (int64_t r = 0; r < left.ids.size(0); ++r) {
+    torch::Tensor real = left.ids[r].masked_select(left.mask[r].to(torch::kBool));  // [n]
+    const int64_t pad = left.ids.size(1) - real.size(0);
+    ids.push_back(torch::cat({real, torch::zeros({pad}, torch::kInt64)}));
+    masks.push_back(torch::cat({torch::ones({real.size(0)}, torch::kInt64), torch::zeros({pad}, torch::kInt64)}));
+  }
+  return {torch::stack(ids), torch::stack(masks)};
+}
+
+double layout_tolerance(const torch::Tensor& reference) {
+  return 1e-5 * std::max(1.0, reference.abs().max().item<double>());
+}
+
+class MaskLayoutParity : public ::testing::TestWithParam<std::string> {
+ protected:
+  models::CausalLM model = models::load_causal_lm(fixture(GetParam()).string());
+  Batch left = load_batch(GetParam());  // left padded
+};
+
+TEST_P(MaskLayoutParity, RightPaddedCausalPathEqualsTheExplicitMaskAndEachRowAlone) {
+  torch::NoGradGuard no_grad;
+  const Batch right = right_padded(left);
+  torch::Tensor causal = model->forward(right.ids, right.mask, nn::MaskLayout::kRightPadded);  // [B, T, V]
+  torch::Tensor masked = model->forward(right.ids, right.mask);  // [B, T, V] kUnknown: the explicit mask
+  EXPECT_LT(masked_max_diff(causal, masked, right.mask), layout_tolerance(masked));
+  for (int64_t r = 0; r < right.ids.size(0); ++r) {
+    const int64_t n = right.mask[r].sum().item<int64_t>();
+    torch::Tensor alone = model->forward(right.ids[r].narrow(0, 0, n).unsqueeze(0));  // [1, n, V] unpadded
+    EXPECT_LT(max_abs_diff(causal[r].narrow(0, 0, n), alone[0]), layout_tolerance(alone)) << "row " << r;
+  }
+}
+
+TEST_P(MaskLayoutParity, LeftPaddedExplicitMaskEqualsEachRowAlone) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits = model->forward(left.ids, left.mask, nn::MaskLayout::kLeftPadded);  // [B, T, V]
+  EXPECT_TRUE(torch::equal(logits, model->forward(left.ids, left.mask)));  // kUnknown takes the same path
+  const int64_t t = left.ids.size(1);
+  for (int64_t r = 0; r < left.ids.size(0); ++r) {
+    const int64_t n = left.mask[r].sum().item<int64_t>();
+    torch::Tensor alone = model->forward(left.ids[r].narrow(0, t - n, n).unsqueeze(0));  // [1, n, V]
+    EXPECT_LT(max_abs_diff(logits[r].narrow(0, t - n, n), alone[0]), layout_tolerance(alone)) << "row " << r;
+  }
+}
+
+TEST_P(MaskLayoutParity, UnpaddedCausalPathEqualsTheExplicitMask) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor ones = torch::ones_like(left.mask);                              // [B, T]
+  torch::Tensor causal = model->forward(left.ids, ones, nn::MaskLayout::kUnpadded);  // [B, T, V]
+  EXPECT_TRUE(torch::equal(causal, model->forward(left.ids)));  // an undefined mask is unpadded
+  torch::Tensor masked = model->forward(left.ids, ones);        // kUnknown: the explicit mask
+  EXPECT_LT(max_abs_diff(causal, masked), layout_tolerance(masked));
+}
+
+TEST_P(MaskLayoutParity, RightPaddedGradientsOfARealTokenLossEqualTheExplicitMask) {
+  // SFT's loss reads real tokens only, so the causal path must give its gradients too.
+  const Batch right = right_padded(left);
+  std::vector<std::map<std::string, torch::Tensor>> grads(2);
+  for (int causal = 0; causal < 2; ++causal) {
+    auto fresh = models::load_causal_lm(fixture(GetParam()).string());
+    const auto layout = causal == 1 ? nn::MaskLayout::kRightPadded : nn::MaskLayout::kUnknown;
+    lm_loss(fresh->forward(right.ids, right.mask, layout), right).backward();
+    for (const auto& p : fresh->named_parameters()) grads[causal][p.key()] = p.value().grad();
+  }
+  double largest = 0.0;
+  for (const auto& [param, grad] : grads[0]) largest = std::max(largest, grad.abs().max().item<double>());
+  for (const auto& [param, grad] : grads[0]) {
+    const double scale = std::max(grad.abs().max().item<double>(), 1e-3 * largest);
+    EXPECT_LT(max_abs_diff(grads[1][param], grad), 1e-4 * scale) << param;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MaskLayoutParity, ::testing::ValuesIn(testing::model_fixtures()),
+                         testing::FixtureName());
+
+TEST(ValueHeadParity, RightPaddedValuesEqualTheExplicitMaskAtRealTokens) {
+  auto model = models::load_value_model(fixture("reward-opt-postln").string());
+  const Batch right = right_padded(load_batch("reward-opt-postln"));
+  torch::NoGradGuard no_grad;
+  torch::Tensor causal = model->forward(right.ids, right.mask, nn::MaskLayout::kRightPadded);  // [B, T]
+  torch::Tensor masked = model->forward(right.ids, right.mask, nn::MaskLayout::kLeftPadded);   // [B, T]
+  EXPECT_LT(masked_max_diff(causal, masked, right.mask), layout_tolerance(masked));
+}
 
 TEST(ValueHeadParity, RewardValuesMatchDeepSpeedChatLayout) {
   auto dir = fixture("reward-opt-postln");

@@ -1,6 +1,7 @@
 // Rotary frequencies for the scaling types the fixtures do not cover end to end (linear and
 // dynamic NTK), against transformers' formulas written out here; llama3 is covered by the
-// llama-rope-llama3-tied parity fixture.
+// llama-rope-llama3-tied parity fixture. The per-device cache (RotaryFrequencies) gives bitwise
+// the tables of rotary_cos_sin for every scaling type, dynamic NTK past max positions included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,6 +46,28 @@ TEST(RotaryTest, RotationKeepsNormsAndIsIdentityAtPositionZero) {
   torch::Tensor y = nn::apply_rotary(x, cos, sin);
   EXPECT_LT(testing::max_abs_diff(y.select(2, 0), x.select(2, 0)), 1e-6);
   EXPECT_LT(testing::max_abs_diff(y.norm(2, -1), x.norm(2, -1)), 1e-5);
+}
+
+TEST(RotaryTest, CachedFrequenciesGiveTheTablesOfRotaryCosSinBitwise) {
+  for (const std::string type : {"default", "linear", "dynamic", "llama3"}) {
+    core::ModelConfig config = llama_config(type, 2.0);
+    nn::RotaryFrequencies cache(config);
+    // Within max_position_embeddings (100), then past it (dynamic NTK grows its base there).
+    for (const int64_t last : {40, 250}) {
+      torch::Tensor positions = torch::tensor(std::vector<int64_t>{0, 5, last, 1, 2, 3}).view({2, 3});  // [2, 3]
+      auto [cos, sin] = cache.cos_sin(positions, torch::kFloat32);                        // [2, 3, 8] each
+      auto [want_cos, want_sin] = nn::rotary_cos_sin(config, positions, torch::kFloat32);
+      EXPECT_TRUE(torch::equal(cos, want_cos)) << type << " " << last;
+      EXPECT_TRUE(torch::equal(sin, want_sin)) << type << " " << last;
+    }
+  }
+}
+
+TEST(RotaryTest, FrequenciesAreBuiltOncePerDevice) {
+  nn::RotaryFrequencies cache(llama_config("linear", 4.0));
+  torch::Tensor first = cache.on_device(torch::kCPU);  // [4]
+  EXPECT_TRUE(first.is_same(cache.on_device(torch::kCPU)));
+  EXPECT_TRUE(torch::equal(first, nn::rotary_inverse_frequencies(llama_config("linear", 4.0), 0)));
 }
 
 }  // namespace

@@ -16,12 +16,17 @@
 // - Decoding keeps inference::generate's behaviour: one prefill over the left-padded prompts, then
 //   one token per step; a row that emits EOS gets pad (and attention-mask 0) afterwards; the loop
 //   ends when every row has finished or after max_new_tokens.
+// - Host syncs: the hot loop reads the device only to learn whether every row has finished, at
+//   step 0 and then every finished_check_interval steps (every step on the CPU, every 8 on a GPU);
+//   steps run after the last row finished are trimmed off, so the ids do not depend on it. The
+//   prompt mask is read once per call (unpadded prompts take SDPA's causal prefill); sampling
+//   draws on the logits' device (make_sampling_generator), the decode steps read no mask.
 // - Lockstep (options.lockstep): data-parallel ranks with different prompts, where every forward
 //   runs collectives (ZeRO-3 gathers), must run the same number of forwards. Each rank checks once
-//   that max_new_tokens agrees, then all-reduces (MAX) an "unfinished rows left" flag after every
-//   step; a rank whose rows have all finished keeps stepping on pad tokens, discarding the output,
-//   until every rank is done. Its result is trimmed to its own length: exactly what it would have
-//   returned alone.
+//   that max_new_tokens agrees, then all-reduces (MAX) an "unfinished rows left" flag at each of
+//   those reads (the same steps on every rank); a rank whose rows have all finished keeps stepping
+//   on pad tokens until every rank is done. Its result is trimmed to its own length: exactly what
+//   it would have returned alone.
 // - enable_cuda_graph (CUDA only): the decode step is captured once per batch size as a CUDA graph
 //   over static inputs and the full-capacity workspace, then replayed (docs/inference.md). A model
 //   whose step cannot be captured (a host sync inside it) decodes eagerly, with one warning. Not
@@ -55,6 +60,10 @@ struct InferenceEngineOptions {
   /// Run the CUDA-graph step's full-capacity layout (src/inference/decode_graph.h) eagerly, on
   /// any device and without capturing: checks that layout's arithmetic where no GPU is present.
   bool full_capacity_decode = false;
+  /// Decode steps between the host reads of "every row has finished" (each one a device sync).
+  /// 0 = automatic: every step on the CPU, every 8 steps on other devices. Results do not depend
+  /// on it: steps run after the last row finished are trimmed off (they count in forward_steps).
+  int64_t finished_check_interval = 0;
   /// Log format_generation_stats() at info level after every generate.
   bool log_stats = true;
   /// When set, generate() is collective over these ranks (see above).
@@ -93,7 +102,8 @@ class InferenceEngine {
   const InferenceEngineOptions& options() const { return options_; }
 
  private:
-  torch::Tensor decode_step(const torch::Tensor& step_input, const torch::Tensor& mask, nn::KvCache& cache);
+  torch::Tensor decode_step(const torch::Tensor& step_input, const torch::Tensor& mask, nn::KvCache& cache,
+                            nn::MaskLayout layout);
   void agree_across_ranks(int64_t max_new_tokens, const std::string& local_error);
   bool any_rank_unfinished(bool unfinished_here);
 

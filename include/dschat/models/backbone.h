@@ -23,9 +23,12 @@ class Backbone : public torch::nn::Module {
   explicit Backbone(core::ModelConfig config) : config_(std::move(config)) {}
 
   /// input_ids: [B, T] int64; attention_mask: [B, S] with S = cached + T (1 = real token,
-  /// undefined = all real); cache: optional, owned by the caller. Returns [B, T, output_dim].
+  /// undefined = all real); cache: optional, owned by the caller; layout: what the caller knows
+  /// of the mask's padding (nn::MaskLayout: it picks SDPA's causal path or the explicit mask
+  /// without reading the mask on the host). Returns [B, T, output_dim]; with kRightPadded the
+  /// rows at padded positions are unspecified.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                nn::KvCache* cache) = 0;
+                                nn::KvCache* cache, nn::MaskLayout layout = nn::MaskLayout::kUnknown) = 0;
 
   /// The token embedding matrix [vocab, embed_dim], which a tied LM head reuses.
   virtual torch::Tensor embedding_weight() = 0;
@@ -57,6 +60,13 @@ class Backbone : public torch::nn::Module {
   /// The mask the layers see: `attention_mask`, or all ones [B, cached + T] when undefined.
   torch::Tensor full_mask(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           const nn::KvCache* cache) const;
+
+  /// The layout the masking follows: kUnpadded for an undefined `attention_mask` (the caller's,
+  /// before full_mask); `layout` when stated; for kUnknown with a KV cache the mask read on the
+  /// host (nn::detect_mask_layout: incremental decoding as before layouts existed); kUnknown
+  /// otherwise, which attention_masking serves with the explicit mask.
+  static nn::MaskLayout resolve_mask_layout(const torch::Tensor& attention_mask, const nn::KvCache* cache,
+                                            nn::MaskLayout layout);
 
   /// Each architecture's forward calls this first: refuses what the layer hooks cannot serve
   /// (a grad-enabled forward with a KV cache), then tells them a forward begins.

@@ -20,11 +20,18 @@ class CausalLMImpl : public torch::nn::Module {
   explicit CausalLMImpl(const core::ModelConfig& config);
 
   /// input_ids: [B, T]; attention_mask: [B, cached + T] or undefined -> logits [B, T, V].
+  /// `layout` states the mask's padding (nn::MaskLayout; Backbone::forward): kRightPadded for
+  /// right-padded training batches (SDPA's causal path; logits at padded positions unspecified),
+  /// kLeftPadded for left-padded ones (the explicit mask); kUnknown takes the explicit mask too.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
-                        nn::KvCache* cache = nullptr);
+                        nn::KvCache* cache = nullptr, nn::MaskLayout layout = nn::MaskLayout::kUnknown);
+  /// forward without a cache, with the mask's layout: lm->forward(ids, mask, nn::MaskLayout::kRightPadded).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask, nn::MaskLayout layout) {
+    return forward(input_ids, attention_mask, nullptr, layout);
+  }
   /// Final hidden states [B, T, E] (before the LM head).
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
-                              nn::KvCache* cache = nullptr);
+                              nn::KvCache* cache = nullptr, nn::MaskLayout layout = nn::MaskLayout::kUnknown);
   /// hidden: [..., E] -> logits [..., V]
   torch::Tensor lm_logits(const torch::Tensor& hidden);
 

@@ -18,8 +18,10 @@ class ValueHeadModelImpl : public torch::nn::Module {
   explicit ValueHeadModelImpl(const core::ModelConfig& config);
 
   /// input_ids: [B, T]; attention_mask: [B, T] or undefined -> per-token values [B, T] (fp32
-  /// accumulation is the caller's choice; values come in the model dtype).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  /// accumulation is the caller's choice; values come in the model dtype). `layout`: as
+  /// CausalLM::forward (with kRightPadded the values at padded positions are unspecified).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        nn::MaskLayout layout = nn::MaskLayout::kUnknown);
 
   /// Binds a DeepSpeed-Chat reward checkpoint ("rwtransformer.*" + "v_head.weight"). With
   /// `allow_missing_head`, a plain causal-LM checkpoint ("model.*", lm_head ignored) initialises

@@ -29,23 +29,50 @@ struct AttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;                  // on attention probabilities, training only
 };
 
+/// What the caller knows about the padding of a forward's attention mask [B, S]. The masking is
+/// chosen from it, never by reading the mask on the host (a device sync per forward), and
+/// unpadded or right-padded batches take SDPA's causal path, which needs no dense [B, 1, T, S]
+/// bias (flash attention takes none).
+///   kUnknown     nothing stated. Without a KV cache: the explicit mask (right for any mask). With
+///                a cache (incremental decoding): the mask is read on the host, as before the enum
+///                existed (skipped while a CUDA graph is captured: then the explicit mask).
+///   kUnpadded    every entry is 1 (no padding): SDPA's causal path (T == S), no mask at all for
+///                one new token, a causal bias otherwise (cached chunk). An undefined mask is this.
+///   kRightPadded every row is its real tokens followed by padding (SFT batches, data::collate_sft),
+///                without a KV cache: SDPA's causal path, no mask tensors. Exact for every real
+///                token (it only attends to earlier real tokens, and its position equals arange);
+///                outputs at padded positions are unspecified (they attend to earlier pads too).
+///                Over cached tokens (S > T) it takes the explicit mask, as kLeftPadded.
+///   kLeftPadded  padding before the real tokens (generation prompts, PPO sequences: left-padded
+///                prompt + answer padded after EOS) or anywhere else: the explicit mask (a
+///                [B, 1, T, S] bias and the [B, S] key mask).
+enum class MaskLayout { kUnknown, kUnpadded, kRightPadded, kLeftPadded };
+
 /// Per-forward inputs shared by every layer.
 struct AttentionInputs {
   torch::Tensor bias;      // [B, 1, T, S] additive mask (0 or dtype-min), S = cached + T; undefined
-                           // when no token is padded (then `is_causal` or full attention applies)
-  bool is_causal = false;  // no padding and no cache: SDPA's causal fast path
+                           // on the unpadded/right-padded paths (then `is_causal` or full attention)
+  bool is_causal = false;  // T == S without padding (or right padding): SDPA's causal fast path
   torch::Tensor cos;       // [B, T, D] rotary, or undefined (OPT)
   torch::Tensor sin;       // [B, T, D]
-  torch::Tensor attention_mask;  // [B, S] int64 key mask (1 = real) when some token is padded,
+  torch::Tensor attention_mask;  // [B, S] int64 key mask (1 = real) on the explicit-mask path,
                                  // else undefined; read by the decode-attention op
   TensorParallelGroup* tensor_parallel = nullptr;  // set on a tensor-parallel shard (generation
                                                    // only): row-parallel outputs are all-reduced
 };
 
-/// The masking part of AttentionInputs for attention_mask [B, S] and T new tokens: an explicit
-/// bias only when some token is padded, otherwise SDPA's causal path (T == S) or no mask (T == 1);
-/// with padding also the key mask itself (int64), which the decode-attention op reads.
-AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype);
+/// The masking part of AttentionInputs for attention_mask [B, S] and T new tokens, as `layout`
+/// says (see MaskLayout; kUnknown here means the explicit mask): for kUnpadded SDPA's causal path
+/// (T == S), no mask (T == 1) or a causal bias; for kRightPadded without cached tokens (T == S)
+/// the causal path; otherwise the explicit bias plus the key mask itself (int64), which the
+/// decode-attention op reads. Never reads the mask on the host.
+AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype,
+                                  MaskLayout layout);
+
+/// kUnpadded when every entry of attention_mask [B, S] is 1, else kLeftPadded (the explicit mask).
+/// Reads the mask on the host (a device sync: callers mark it with core::HostSync); while a CUDA
+/// graph is being captured, where that is forbidden, answers kLeftPadded without reading.
+MaskLayout detect_mask_layout(const torch::Tensor& attention_mask);
 
 /// attention_mask: [B, S] (1 = real token) -> additive bias [B, 1, T, S] in `dtype` that also
 /// enforces causality for the last T positions. Fully masked rows (left padding) stay finite.
@@ -71,10 +98,11 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const AttentionOptions& options);
   /// x: [B, T, hidden] -> [B, T, hidden]. `layer` indexes the cache when one is given. On the
   /// inference path (use_inference_ops) rotary runs as ops::rotary_embedding and a single-token
-  /// step as ops::decode_attention. With `deferred_bias`, the output projection's bias is left
-  /// out of the result and returned there (see linear_deferring_bias). With
-  /// inputs.tensor_parallel this module holds one rank's heads: o_proj's partial output is
-  /// all-reduced before the bias (nn::row_parallel_linear); only the inference path is allowed.
+  /// step as ops::decode_attention; grouped-query heads reach SDPA unrepeated (enable_gqa). With
+  /// `deferred_bias`, the output projection's bias is left out of the result and returned there
+  /// (see linear_deferring_bias). With inputs.tensor_parallel this module holds one rank's heads:
+  /// o_proj's partial output is all-reduced before the bias (nn::row_parallel_linear); only the
+  /// inference path is allowed.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer, KvCache* cache,
                         torch::Tensor* deferred_bias = nullptr);
   void pretty_print(std::ostream& stream) const override;
