@@ -3,7 +3,10 @@
 # (tools/gpu_deps.sh here first):
 #   run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps"], timeout_s=590)
 # One command, under 10 minutes on the H200: builds dschat with CUDA against that machine's torch
-# (2.11+cu130; a build made here cannot be carried: 64 MiB carry limit, and this is sm_90 only),
+# (2.11+cu130, sm_90 only). Building there rather than carrying a build made here: the binaries
+# would fit the 64 MiB carry (libdschat 6 MB, test binaries 25 MB), but they hold this checkout's
+# absolute paths (fixtures, assets, the CLI), link this machine's venv and Debian's spdlog/fmt/ICU,
+# and the build is ~25 min of CPU, a few minutes on 16 cores. Not yet measured on the machine.
 # then runs, each step bounded by its own timeout so that one hang still leaves the rest's results:
 #   1. dschat_cuda_tests: kernels vs ATen, CUDA-graph decode vs eager (OPT and LLaMA), the
 #      sync-debug run of SFT, RM and PPO (fails on any unmarked host sync), HybridEngine's 100

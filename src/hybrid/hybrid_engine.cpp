@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/hybrid/hybrid_engine.h"
 
 #include <cstdio>
@@ -238,6 +239,7 @@ inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::
   torch::Tensor own_mask = joint.attention_mask.narrow(0, rank * batch, batch);  // [B, T* + N]
   const int64_t generated = joint.sequences.size(1) - longest;
   torch::Tensor produced = own_mask.narrow(1, longest, generated).sum(1);  // [B] tokens up to and with EOS
+  core::HostSync sync("generation (tensor-parallel answer length, once per call)");
   const int64_t width = tokens + (generated == 0 ? 0 : produced.max().item<int64_t>());
   return {sequences.narrow(1, offset, width).contiguous(), own_mask.narrow(1, offset, width).contiguous()};
 }

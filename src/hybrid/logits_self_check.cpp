@@ -1,5 +1,6 @@
 #include "hybrid/logits_self_check.h"
 
+#include "dschat/core/host_sync.h"
 #include "dschat/core/error.h"
 #include "dschat/inference/kv_cache.h"
 
@@ -22,6 +23,7 @@ SelfCheckResult check_inference_logits(models::CausalLM& training, models::Causa
   const bool exact_dtypes = dtype == torch::kFloat32 && training_dtype == torch::kFloat32;
   const double atol = exact_dtypes ? 1e-3 : 5e-2, rtol = exact_dtypes ? 1e-3 : 5e-2;
   SelfCheckResult result;
+  core::HostSync sync("generation (logits self-check, first call after a switch; debug builds)");
   result.max_abs_diff = (actual - expected).abs().max().item<double>();
   result.tolerance = atol + rtol * expected.abs().max().item<double>();
   // NaN compares false both ways: treat a non-finite difference as a mismatch too.

@@ -2,11 +2,22 @@
 
 #include "core/stopwatch.h"
 #include "dschat/core/error.h"
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/reward_loss.h"
 
 namespace dschat {
 namespace rlhf {
+namespace {
+
+// One read of a sequence batch's mask (a device sync, named): unpadded batches take SDPA's causal
+// path in every forward that follows instead of a dense [B, 1, L, L] bias.
+nn::MaskLayout mask_layout_of(const torch::Tensor& attention_mask) {
+  core::HostSync sync("experience (padding layout, once per batch and scorer)");
+  return nn::detect_mask_layout(attention_mask);
+}
+
+}  // namespace
 
 Experience Experience::slice(int64_t begin, int64_t end) const {
   auto rows = [&](const torch::Tensor& t) { return t.defined() ? t.slice(0, begin, end) : t; };
@@ -27,8 +38,9 @@ RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_to
     reward->eval();
     // Scored where the model is (offload_reward_model keeps it on the CPU), returned on seq's device.
     const torch::Device at = parameter_device(*reward);
-    const torch::Tensor ids = seq.to(at);                                                      // [B, L]
-    torch::Tensor values = reward->forward(ids, attention_mask.to(at)).to(torch::kFloat32);  // [B, L]
+    const torch::Tensor ids = seq.to(at);  // [B, L]
+    const torch::Tensor mask = attention_mask.to(at);
+    torch::Tensor values = reward->forward(ids, mask, mask_layout_of(mask)).to(torch::kFloat32);  // [B, L]
     return reward_end_scores(ids, values, pad_token_id, prompt_length).to(seq.device());     // [B]
   };
 }
@@ -63,9 +75,9 @@ bool every_rank_has_rows(engine::TrainingEngine& policy_engine, bool has_rows) {
 // The log-probs of seq [K, L] under `model`, computed where the model is (offload_reference_model
 // keeps the reference on the CPU) and returned on seq's device: [K, L-1].
 torch::Tensor log_probs_on_model_device(models::CausalLM& model, const torch::Tensor& seq,
-                                        const torch::Tensor& attention_mask) {
+                                        const torch::Tensor& attention_mask, nn::MaskLayout layout) {
   const torch::Device at = parameter_device(*model);
-  return sequence_log_probs(model, seq.to(at), attention_mask.to(at)).to(seq.device());
+  return sequence_log_probs(model, seq.to(at), attention_mask.to(at), layout).to(seq.device());
 }
 
 }  // namespace
@@ -92,6 +104,8 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
       torch::arange(prompts.size(0), torch::dtype(torch::kInt64).device(seq.device())).repeat_interleave(n);  // [B * n]
 
   torch::Tensor keep;  // [K] rows kept
+  // Dropping short answers changes the row count, which the host must know (a read, named).
+  std::optional<core::HostSync> filter_sync(std::in_place, "experience (answer filter)");
   if (options.drop_short_answers) {
     keep = answer_keep_rows(seq, exp.prompt_length, options.pad_token_id, options.min_answer_tokens);
   } else {
@@ -102,16 +116,18 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
     seq = seq.index_select(0, keep);
     prompt_index = prompt_index.index_select(0, keep.to(prompt_index.device()));
   }
+  filter_sync.reset();
   exp.seq = seq;                                                             // [K, L]
   exp.attention_mask = (seq != options.pad_token_id).to(torch::kInt64);    // [K, L]
   exp.prompt_index = prompt_index;                                           // [K]
+  exp.mask_layout = mask_layout_of(exp.attention_mask);
 
   torch::NoGradGuard no_grad;
-  exp.logprobs = sequence_log_probs(policy.actor(), seq, exp.attention_mask);  // [K, L-1]
+  exp.logprobs = sequence_log_probs(policy.actor(), seq, exp.attention_mask, exp.mask_layout);  // [K, L-1]
   policy.training_engine().release_gathered_parameters();
   if (sources.reference) {
     sources.reference->eval();
-    exp.ref_logprobs = log_probs_on_model_device(sources.reference, seq, exp.attention_mask);  // [K, L-1]
+    exp.ref_logprobs = log_probs_on_model_device(sources.reference, seq, exp.attention_mask, exp.mask_layout);  // [K, L-1]
   }
   exp.reward_score =
       sources.reward(seq, exp.attention_mask, exp.prompt_length).to(seq.device(), torch::kFloat32);  // [K]
@@ -119,7 +135,8 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
                "generate_experience: the reward function returned ", exp.reward_score.sizes(), " for ",
                seq.size(0), " sequences; expected [", seq.size(0), "]");
   if (sources.critic) {
-    torch::Tensor values = sources.critic->forward(seq, exp.attention_mask).to(torch::kFloat32);  // [K, L]
+    torch::Tensor values =
+        sources.critic->forward(seq, exp.attention_mask, exp.mask_layout).to(torch::kFloat32);  // [K, L]
     if (sources.critic_engine != nullptr) sources.critic_engine->release_gathered_parameters();
     exp.values = values.slice(1, 0, -1);  // [K, L-1]
   }

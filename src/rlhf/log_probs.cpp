@@ -16,8 +16,9 @@ torch::Tensor gather_log_probs(const torch::Tensor& logits, const torch::Tensor&
   return log_probs.gather(-1, labels.slice(1, 1).unsqueeze(-1)).squeeze(-1);                     // [B, L-1]
 }
 
-torch::Tensor sequence_log_probs(models::CausalLM& model, const torch::Tensor& seq, const torch::Tensor& attention_mask) {
-  torch::Tensor logits = model->forward(seq, attention_mask);  // [B, L, V]
+torch::Tensor sequence_log_probs(models::CausalLM& model, const torch::Tensor& seq, const torch::Tensor& attention_mask,
+                                 nn::MaskLayout layout) {
+  torch::Tensor logits = model->forward(seq, attention_mask, layout);  // [B, L, V]
   return gather_log_probs(logits, seq);                        // [B, L-1]
 }
 

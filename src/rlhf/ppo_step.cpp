@@ -46,7 +46,7 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
 
   // Actor: clipped policy loss over the answer actions.
   models::CausalLM& actor = models.actor->actor();
-  torch::Tensor logits = actor->forward(exp.seq, exp.attention_mask);                  // [B, L, V]
+  torch::Tensor logits = actor->forward(exp.seq, exp.attention_mask, exp.mask_layout);                  // [B, L, V]
   torch::Tensor new_logprobs = gather_log_probs(logits, exp.seq).slice(1, start);     // [B, L-1-start]
   PpoLoss actor_out = actor_loss(new_logprobs, exp.logprobs.slice(1, start), targets.advantages, answer_mask,
                                  constants);
@@ -57,7 +57,7 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   stats.actor_clip_fraction = actor_out.clip_fraction;
 
   // Critic: clipped value loss against the GAE returns.
-  torch::Tensor values = models.critic->forward(exp.seq, exp.attention_mask).slice(1, 0, -1).slice(1, start);
+  torch::Tensor values = models.critic->forward(exp.seq, exp.attention_mask, exp.mask_layout).slice(1, 0, -1).slice(1, start);
   PpoLoss critic_out = critic_loss(values, targets.old_values.slice(1, start), targets.returns, answer_mask, constants,
                                    compute_fp32_loss);
   models.critic_engine->backward(critic_out.loss);
@@ -72,7 +72,7 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
 torch::Tensor train_unsupervised(RlhfModels& models, const data::SftBatch& batch, double unsup_coef) {
   models::CausalLM& actor = models.actor->actor();
   const data::SftBatch on_device = batch.to(parameter_device(*actor), /*non_blocking=*/true);
-  torch::Tensor logits = actor->forward(on_device.input_ids, on_device.attention_mask);  // [B, T, V]
+  torch::Tensor logits = actor->forward(on_device.input_ids, on_device.attention_mask, nn::MaskLayout::kRightPadded);  // [B, T, V]
   torch::Tensor loss = causal_lm_loss(logits, on_device.labels);                       // []
   models.actor->backward(loss * unsup_coef);
   models.actor->step();

@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/ppo_trainer.h"
 
 #include <algorithm>
@@ -77,6 +78,7 @@ class PpoStepReports {
   // The one read of the queued statistics, then each pending step's report in order.
   void read() {
     if (pending_.empty()) return;
+    core::HostSync sync("statistics (every print_interval)");
     const std::vector<PpoStepMeans> means = stats_.read();
     DSCHAT_CHECK(means.size() == pending_.size(), InvalidArgument, "PPO: ", means.size(), " steps of statistics for ",
                  pending_.size(), " steps");
@@ -154,6 +156,8 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   const auto start = Clock::now();
   const std::string where = "step 3 (PPO)";
   const int64_t rank = context_rank(context), world = context_world(context);
+  // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
+  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
   StepRunner runner(where, config.output_dir, config.common, context);
   DSCHAT_CHECK(!config.enable_mixed_precision_lora, Unsupported, where,
                ": enable_mixed_precision_lora (ZeRO++ quantised weights) is not implemented");
@@ -225,6 +229,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   std::vector<Experience> exp_buffer;
   std::vector<data::SftBatch> unsup_buffer;
   bool stop_test_mode = false;
+  setup_sync.reset();
   for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs && !stop_test_mode; ++epoch) {
     data::EpochBatches<data::PromptBatch> prompts(prompt_sampler, epoch, gen_bs, false,
                                                   [&](const std::vector<int64_t>& items) {
@@ -264,7 +269,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       }
       last_experience = exp;
       if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
-        // A read of the answers, only on request.
+        core::HostSync sync("statistics (print_answers, on request)");
         const std::vector<std::string> answers =
             decode_answers(exp->seq.slice(0, 0, std::min<int64_t>(exp->rows(), 4)), P, tokenizer);
         for (size_t i = 0; i < answers.size(); ++i) core::log_info("--- answer ", i, ": ", answers[i]);
@@ -344,6 +349,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
     }
     skip_batches = 0;
   }
+  core::HostSync end_sync("step end (evaluation, save)");
   reports.read();
   progress.finish();
   result.steps = step;

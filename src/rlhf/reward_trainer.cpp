@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/reward_trainer.h"
 
 #include "core/stopwatch.h"
@@ -60,7 +61,9 @@ RewardEvaluation evaluate_reward_model(models::ValueHeadModel& model, const data
   while (auto host_batch = batches.next()) {
     if (max_batches > 0 && batch_count >= max_batches) break;
     const data::RewardBatch batch = host_batch->to(device, /*non_blocking=*/true);
-    torch::Tensor values = model->forward(batch.input_ids, batch.attention_mask);  // [2B, T]
+    // Right padded, and only real tokens' end scores are read: SDPA's causal path is exact. (The
+    // training loss also averages over the shorter answer's pad positions: it keeps the mask.)
+    torch::Tensor values = model->forward(batch.input_ids, batch.attention_mask, nn::MaskLayout::kRightPadded);  // [2B, T]
     // The host ids: the pair indices are read from them, not from the device.
     RewardLossOutput out = reward_pairwise_loss(host_batch->input_ids, values.to(torch::kFloat32), pad_token_id,
                                                 num_padding_at_beginning);
@@ -110,6 +113,8 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   const auto start = Clock::now();
   const std::string where = "step 2 (reward model)";
   const int64_t rank = context_rank(context), world = context_world(context);
+  // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
+  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
   StepRunner runner(where, config.output_dir, config.common, context);
   torch::manual_seed(config.common.seed);
 
@@ -208,6 +213,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
     result.seconds = seconds_since(start);
     save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
   };
+  setup_sync.reset();
   loop.run(runner, engine);
   return result;
 }

@@ -67,6 +67,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   hybrid.pin_parameters = !config.unpin_actor_parameters;
   hybrid.tp_gather_partition_size = config.tp_gather_partition_size;
   hybrid::HybridEngineOptions actor_options;
+  actor_options.lora_fuse_backup = config.lora_fuse_backup;
   actor_options.training = training_engine_options(
       config.common, config.actor,
       train_ds_config(config.common, config.actor.zero_stage, config.per_device_training_batch_size, actor_gas, world,

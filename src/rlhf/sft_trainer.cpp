@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/sft_trainer.h"
 
 #include "core/stopwatch.h"
@@ -41,7 +42,7 @@ double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, co
   std::vector<torch::Tensor> batch_losses;  // each [] on the device
   while (auto host_batch = batches.next()) {
     const data::SftBatch batch = host_batch->to(device, /*non_blocking=*/true);
-    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
+    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask, nn::MaskLayout::kRightPadded);  // [B, T, V]
     batch_losses.push_back(causal_lm_loss(logits, batch.labels));
   }
   engine.release_gathered_parameters();
@@ -66,6 +67,8 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   const auto start = Clock::now();
   const std::string where = kStep;
   const int64_t rank = context_rank(context), world = context_world(context);
+  // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
+  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
   StepRunner runner(where, config.output_dir, config.common, context);
   torch::manual_seed(config.common.seed);
 
@@ -142,7 +145,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   };
   loop.train_micro_batch = [&](const data::SftBatch& host_batch) {
     const data::SftBatch batch = host_batch.to(device, /*non_blocking=*/true);
-    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask);  // [B, T, V]
+    torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask, nn::MaskLayout::kRightPadded);  // [B, T, V]
     return causal_lm_loss(logits, batch.labels);                                    // []
   };
   if (config.print_loss) {  // DS-Chat's line per micro-batch: a read of every loss, so only on request
@@ -165,6 +168,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
     core::log_info("saving the final model ...");
     save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
   };
+  setup_sync.reset();
   loop.run(runner, engine);
   return result;
 }

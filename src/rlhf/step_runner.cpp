@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/step_runner.h"
 
 #include <atomic>
@@ -44,7 +45,11 @@ bool StepRunner::can_resume(const std::string& part) const {
   return fs::exists((part.empty() ? checkpoint_dir_ : checkpoint_dir_ / part) / "latest");
 }
 
-void StepRunner::after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save) {
+void StepRunner::after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save_now) {
+  const auto save = [&] {
+    core::HostSync sync("checkpoint");
+    save_now();
+  };
   if (context_.stopping()) {
     core::log_warn(name_, ": stop requested; saving a checkpoint at optimizer step ", optimizer_steps);
     save();

@@ -1,3 +1,4 @@
+#include "dschat/core/host_sync.h"
 #include "dschat/rlhf/supervised_loop.h"
 
 #include <algorithm>
@@ -27,6 +28,7 @@ nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, int64_t 
 }
 
 void evaluate(const SupervisedLoopSettings& settings, EvaluationPoint point, int64_t epoch, int64_t step) {
+  core::HostSync sync("evaluation (perplexity / reward accuracy)");
   if (settings.evaluate) settings.evaluate(EvaluationRequest{point, epoch, step});
 }
 
@@ -101,7 +103,10 @@ void run_epoch(const SupervisedLoopSettings& settings, StepRunner& runner, engin
     torch::Tensor loss = data.loss();  // []
     engine.backward(loss);
     losses.add(loss);
-    if (settings.after_backward) settings.after_backward(MicroBatchDone{epoch, batch_index - 1, loss.item<double>()});
+    if (settings.after_backward) {  // DS-Chat's per-micro-step loss line: a read per micro-step, on request
+      core::HostSync sync("statistics (print_loss: every micro-step, on request)");
+      settings.after_backward(MicroBatchDone{epoch, batch_index - 1, loss.item<double>()});
+    }
     // Asked before step(), which advances the micro-step count the answer depends on.
     const bool boundary = engine.is_gradient_accumulation_boundary();
     engine.step();
@@ -133,6 +138,7 @@ std::vector<double> read_to_host(const std::vector<torch::Tensor>& scalars) {
                  t.defined() ? core::shape_of(t) : "undefined");
     rows.push_back(t.detach().reshape({1}).to(torch::kFloat64));  // exact for every float and int below 2^53
   }
+  core::HostSync sync("statistics (every print_interval)");
   torch::Tensor host = torch::cat(rows).to(torch::kCPU).contiguous();  // [n]: the copy is the one wait
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
@@ -159,6 +165,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   int64_t start_epoch = 0, skip = 0;
   if (runner.can_resume()) {
     ResumePoint at;
+    core::HostSync sync("step setup (models, engines, data)");
     at.client_state = engine.load_checkpoint(runner.checkpoint_dir());
     at.epoch = at.client_state.at("epoch").get<int64_t>();
     at.micro_batch = at.client_state.at("batch").get<int64_t>();
@@ -181,6 +188,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     // Only where no accumulation window is open: a window running on into the next epoch has
     // gradients a checkpoint does not hold; the resume then starts from the last periodic one.
     if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
+      core::HostSync sync("checkpoint");
       engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch + 1, 0));
     }
   }
@@ -188,6 +196,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   if (start_epoch >= settings.epochs) {  // resumed from the last epoch's end checkpoint
     evaluate(settings, EvaluationPoint::kResumedAtEnd, settings.epochs, engine.global_steps());
   }
+  core::HostSync sync("step end (evaluation, save)");
   settings.save_model();
   runner.finish();
 }

@@ -30,6 +30,12 @@ const std::map<std::string, std::string> kAllowedSyncs = {
     {"generation (prompt padding, once per call)", "unpadded prompts take SDPA's causal prefill, as before"},
     {"experience (answer filter)", "dropping short answers changes the batch's row count"},
     {"checkpoint", "a resumable checkpoint is written to disk"},
+    {"experience (padding layout, once per batch and scorer)",
+     "an unpadded batch takes SDPA's causal path in the four scoring forwards and the training ones"},
+    {"statistics (print_loss: every micro-step, on request)", "DS-Chat's per-micro-step loss line, when asked"},
+    {"statistics (print_answers, on request)", "the sampled answers are printed as text, when asked"},
+    {"generation (logits self-check, first call after a switch; debug builds)",
+     "compares the inference path with the training forward once per switch"},
 };
 
 TEST(SyncDebugCuda, OneStepOfEachTrainerMakesOnlyAllowedSyncs) {

@@ -147,7 +147,7 @@ void add_train_commands(CLI::App& app) {
     context.communicator = app::communicator_from_environment(device);
     context.tokenizer_dir = e->tokenizer;
     const rlhf::RewardEvaluation r = rlhf::evaluate_reward_model_on_data(
-        e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context);
+        e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context, device);
     if (is_rank0(context)) {
       std::cout << "pairs: " << r.pairs << ", chosen_last_scores (higher is better) : " << r.chosen_score
                 << ", rejected_last_scores (lower is better) : " << r.rejected_score

@@ -38,6 +38,10 @@ struct Experience {
   torch::Tensor reward_score;    // [B] float32: the reward of each answer
   torch::Tensor prompt_index;    // [B] int64: the row of the prompt batch each answer continues
   int64_t prompt_length = 0;     // P
+  /// How attention_mask is padded, read once per batch: kUnpadded (no pad anywhere: SDPA's causal
+  /// path for every forward of this experience) or kLeftPadded (the explicit mask: pads on the
+  /// left of prompts, after EOS, and OPT's BOS, which equals its pad id).
+  nn::MaskLayout mask_layout = nn::MaskLayout::kLeftPadded;
   int64_t generated_rows = 0;    // rows before the too-short ones were dropped (prompts * n)
   double generate_seconds = 0.0;
 

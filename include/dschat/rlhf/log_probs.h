@@ -22,8 +22,10 @@ namespace rlhf {
 torch::Tensor gather_log_probs(const torch::Tensor& logits, const torch::Tensor& labels);
 
 /// The model's token log-probs of its own input: gather_log_probs(model(seq, mask), seq) -> [B, L-1].
-/// Grad flows when grad mode is on (the caller's NoGradGuard decides).
-torch::Tensor sequence_log_probs(models::CausalLM& model, const torch::Tensor& seq, const torch::Tensor& attention_mask);
+/// Grad flows when grad mode is on (the caller's NoGradGuard decides). `layout` states the mask's
+/// padding (nn::MaskLayout; kUnknown: the explicit mask, exact for any mask).
+torch::Tensor sequence_log_probs(models::CausalLM& model, const torch::Tensor& seq, const torch::Tensor& attention_mask,
+                                 nn::MaskLayout layout = nn::MaskLayout::kUnknown);
 
 /// attention_mask[:, 1:] as float32 -> [B, L-1]: 1 for every action that produces a real token.
 torch::Tensor action_mask(const torch::Tensor& attention_mask);
