@@ -49,35 +49,41 @@ void make_inputs(const fs::path& dir) {
   data::write_demo_dataset(dir / "data", 11, 80, 10);
 }
 
+// The small step-3 config both tests start from: the fixtures' actor and reward, fp32, four
+// prompts per step, sampled answers of up to 4 tokens, an EMA, test mode.
+nlohmann::json small_ppo_json(const fs::path& dir, const fs::path& out) {
+  return {{"actor_model_name_or_path", (dir / "actor").string()},
+          {"critic_model_name_or_path", (dir / "reward").string()},
+          {"data", {{"data_path", {"local/jsonfile"}},
+                    {"local_jsonfile_dir", (dir / "data").string()},
+                    {"data_output_path", ""}}},
+          {"dtype", "fp32"},
+          {"per_device_generation_batch_size", 4},
+          {"max_prompt_seq_len", 24},
+          {"max_answer_seq_len", 4},
+          {"min_answer_tokens", 1},
+          {"actor_learning_rate", 1e-3},
+          {"critic_learning_rate", 1e-3},
+          {"num_warmup_steps", 0},
+          {"enable_ema", true},
+          {"enable_test_mode", true},
+          {"output_dir", out.string()},
+          {"experience_sampling", {{"do_sample", true}}}};
+}
+
 void run_case(const fs::path& dir, const MatrixCase& c) {
   SCOPED_TRACE(case_name(c));
   const fs::path out = dir / case_name(c);
-  nlohmann::json json = {{"actor_model_name_or_path", (dir / "actor").string()},
-                         {"critic_model_name_or_path", (dir / "reward").string()},
-                         {"data", {{"data_path", {"local/jsonfile"}},
-                                   {"local_jsonfile_dir", (dir / "data").string()},
-                                   {"data_output_path", ""}}},
-                         {"dtype", "fp32"},
-                         {"per_device_generation_batch_size", 4},
-                         {"per_device_training_batch_size", 4},
-                         {"max_prompt_seq_len", 24},
-                         {"max_answer_seq_len", 4},
-                         {"min_answer_tokens", 1},
-                         {"actor_learning_rate", 1e-3},
-                         {"critic_learning_rate", 1e-3},
-                         {"num_warmup_steps", 0},
-                         {"actor_zero_stage", c.zero},
-                         {"critic_zero_stage", c.zero},
-                         {"enable_hybrid_engine", c.hybrid},
-                         {"offload", c.offload},
-                         {"actor_lora_dim", c.lora ? 4 : 0},
-                         {"actor_lora_module_name", "decoder.layers."},
-                         {"enable_ema", true},
-                         {"enable_test_mode", true},
-                         {"test_stop_step", 2},
-                         {"print_interval", 1},
-                         {"output_dir", out.string()},
-                         {"experience_sampling", {{"do_sample", true}}}};
+  nlohmann::json json = small_ppo_json(dir, out);
+  json.merge_patch({{"per_device_training_batch_size", 4},
+                    {"actor_zero_stage", c.zero},
+                    {"critic_zero_stage", c.zero},
+                    {"enable_hybrid_engine", c.hybrid},
+                    {"offload", c.offload},
+                    {"actor_lora_dim", c.lora ? 4 : 0},
+                    {"actor_lora_module_name", "decoder.layers."},
+                    {"test_stop_step", 2},
+                    {"print_interval", 1}});
   rlhf::PpoConfig config = rlhf::parse_ppo_config(json, case_name(c));
   rlhf::StepContext context;
   context.progress = false;
@@ -154,28 +160,12 @@ struct PpoReport {
 
 PpoReport run_small_ppo(const fs::path& dir, const std::string& name, const nlohmann::json& extra) {
   const fs::path out = dir / name;
-  nlohmann::json json = {{"actor_model_name_or_path", (dir / "actor").string()},
-                         {"critic_model_name_or_path", (dir / "reward").string()},
-                         {"data", {{"data_path", {"local/jsonfile"}},
-                                   {"local_jsonfile_dir", (dir / "data").string()},
-                                   {"data_output_path", ""},
-                                   {"unsupervised_dataset_name", {(dir / "unsup.jsonl").string()}}}},
-                         {"dtype", "fp32"},
-                         {"per_device_generation_batch_size", 4},
-                         {"per_device_training_batch_size", 2},
-                         {"ppo_epochs", 2},
-                         {"max_prompt_seq_len", 24},
-                         {"max_answer_seq_len", 4},
-                         {"min_answer_tokens", 1},
-                         {"actor_learning_rate", 1e-3},
-                         {"critic_learning_rate", 1e-3},
-                         {"num_warmup_steps", 0},
-                         {"enable_ema", true},
-                         {"enable_test_mode", true},
-                         {"test_stop_step", 5},
-                         {"checkpoint_interval", 2},
-                         {"output_dir", out.string()},
-                         {"experience_sampling", {{"do_sample", true}}}};
+  nlohmann::json json = small_ppo_json(dir, out);
+  json.merge_patch({{"data", {{"unsupervised_dataset_name", {(dir / "unsup.jsonl").string()}}}},
+                    {"per_device_training_batch_size", 2},
+                    {"ppo_epochs", 2},
+                    {"test_stop_step", 5},
+                    {"checkpoint_interval", 2}});
   json.merge_patch(extra);
   const rlhf::PpoConfig config = rlhf::parse_ppo_config(json, name);
   rlhf::StepContext context;

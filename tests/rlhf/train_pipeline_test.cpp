@@ -12,6 +12,7 @@
 #include "dschat/io/state_dict.h"
 #include "dschat/monitor/metrics_log.h"
 #include "test_util.h"
+#include "tiny_pipeline.h"
 
 namespace dschat {
 namespace {
@@ -20,41 +21,10 @@ namespace fs = std::filesystem;
 
 std::string cli() { return DSCHAT_CLI_PATH; }
 
-// Demo-format data small enough for seconds: 24 SFT records, 48 pairs, 48 prompts (2,4,4 split).
-fs::path make_data(const fs::path& dir) {
-  std::string out;
-  EXPECT_EQ(testing::run_command(cli() + " make-demo-data --out " + (dir / "data").string() +
-                                     " --seed 7 --train 120 --eval 24",
-                                 &out),
-            0)
-      << out;
-  return dir / "data";
-}
-
-// The demo preset with one epoch per step, small batches and a checkpoint after every PPO step.
+// The demo preset with one epoch per step, small batches and a checkpoint after every PPO step
+// (tests/tiny_pipeline.h).
 fs::path write_config(const fs::path& dir, const nlohmann::json& extra = nlohmann::json::object()) {
-  nlohmann::json config = {
-      {"preset", "demo"},
-      {"description", "train_pipeline_test"},
-      {"demo_report", false},
-      {"output_dir", (dir / "out").string()},
-      {"data", {{"local_jsonfile_dir", make_data(dir).string()}, {"data_split", "2,4,4"}}},
-      {"step1",
-       {{"num_train_epochs", 1},
-        {"per_device_train_batch_size", 8},
-        {"per_device_eval_batch_size", 8},
-        {"data", {{"local_jsonfile_dir", (dir / "data" / "sft").string()}}}}},
-      {"step2", {{"num_train_epochs", 1}, {"per_device_train_batch_size", 8}, {"per_device_eval_batch_size", 8}}},
-      {"step3",
-       {{"num_train_epochs", 1},
-        {"per_device_generation_batch_size", 8},
-        {"per_device_training_batch_size", 8},
-        {"checkpoint_interval", 1},
-        {"num_warmup_steps", 0}}}};
-  config.merge_patch(extra);
-  const fs::path file = dir / "config.json";
-  std::ofstream(file) << config.dump(2);
-  return file;
+  return testing::write_tiny_pipeline_config(dir, extra);
 }
 
 nlohmann::json summary(const fs::path& dir) { return core::read_json_file((dir / "training_summary.json").string()); }
