@@ -6,6 +6,7 @@
 #include "dschat/core/error.h"
 #include "dschat/io/model_source.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/nn/linear.h"
 
 namespace dschat {
 namespace models {
@@ -44,6 +45,14 @@ void init_like_transformers(torch::nn::Module& module) {
   }
 }
 
+template <typename ModelHolder>
+ModelHolder finish(ModelHolder& model, const Source& source, const std::string& name_or_path) {
+  model->eval();
+  core::log_debug("loaded ", source.config.model_type, " model from ",
+                  source.dir.empty() ? name_or_path + " (preset)" : source.dir.string());
+  return model;
+}
+
 template <typename ModelHolder, typename Load>
 ModelHolder build(const std::string& name_or_path, const LoadOptions& options, Load load) {
   Source source = find_source(name_or_path, options.random_init);
@@ -52,21 +61,24 @@ ModelHolder build(const std::string& name_or_path, const LoadOptions& options, L
                  ": dropout must be in [0, 1), got ", *options.dropout);
     source.config.dropout = source.config.attention_dropout = source.config.activation_dropout = *options.dropout;
   }
-  ModelHolder model(source.config);
   if (options.random_init) {
+    ModelHolder model(source.config);
     init_like_transformers(*model);  // on the CPU's generator: the same weights on every device
     model->to(options.device, options.dtype);
-  } else {
-    // Parameters go to their device and dtype first; the checkpoint's memory-mapped tensors are
-    // then copied into them one by one, so no converted host copy of the weights is ever made.
-    model->to(options.device, options.dtype);
-    load(model, io::load_state_dict(source.dir), source.dir.string());
+    return finish(model, source, name_or_path);
   }
-  model->eval();
-  core::log_debug("loaded ", source.config.model_type, " model from ",
-                  source.dir.empty() ? name_or_path + " (preset)" : source.dir.string());
-  return model;
+  // The projections (nearly all the weights) are allocated on their device in their dtype; the
+  // embeddings and LayerNorms follow; then the checkpoint's memory-mapped tensors are copied into
+  // them one by one, so no host copy of the model is made on the way to the device.
+  ModelHolder model = [&] {
+    nn::ParameterPlacementScope placement(options.device, options.dtype);
+    return ModelHolder(source.config);
+  }();
+  model->to(options.device, options.dtype);
+  load(model, io::load_state_dict(source.dir), source.dir.string());
+  return finish(model, source, name_or_path);
 }
+
 
 void write_config(const core::ModelConfig& config, const fs::path& dir, torch::ScalarType dtype) {
   core::ModelConfig out = config;

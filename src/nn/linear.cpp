@@ -7,9 +7,25 @@
 namespace dschat {
 namespace nn {
 
+namespace {
+
+thread_local std::optional<torch::TensorOptions> current_parameter_options;
+
+}  // namespace
+
+ParameterPlacementScope::ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype)
+    : previous_(current_parameter_options) {
+  current_parameter_options = torch::TensorOptions().device(device).dtype(dtype);
+}
+
+ParameterPlacementScope::~ParameterPlacementScope() { current_parameter_options = previous_; }
+
+torch::TensorOptions parameter_options() { return current_parameter_options.value_or(torch::TensorOptions()); }
+
 LinearImpl::LinearImpl(const LinearOptions& options_) : options(options_) {
-  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
-  if (options.bias()) bias = register_parameter("bias", torch::empty({options.out_features()}));
+  const torch::TensorOptions where = parameter_options();
+  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}, where));
+  if (options.bias()) bias = register_parameter("bias", torch::empty({options.out_features()}, where));
   reset_parameters();
 }
 

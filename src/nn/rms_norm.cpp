@@ -1,12 +1,13 @@
 #include "dschat/nn/rms_norm.h"
 
+#include "dschat/nn/linear.h"
 #include "dschat/ops/rms_norm.h"
 
 namespace dschat {
 namespace nn {
 
 RmsNormImpl::RmsNormImpl(const RmsNormOptions& options_) : options(options_) {
-  weight = register_parameter("weight", torch::ones({options.hidden()}));
+  weight = register_parameter("weight", torch::ones({options.hidden()}, parameter_options()));
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) { return ops::rms_norm(x, weight, options.eps()); }

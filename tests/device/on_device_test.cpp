@@ -13,6 +13,7 @@
 #include "dschat/inference/inference_engine.h"
 #include "dschat/io/npy.h"
 #include "dschat/models/load_save.h"
+#include "dschat/nn/linear.h"
 #include "dschat/nn/lora.h"
 #include "test_util.h"
 
@@ -188,6 +189,32 @@ TEST_P(OnDevice, LoraFuseBackupOnDeviceOrHostRestoresBitForBit) {
   bad.lora_fuse_backup = "gpu";
   EXPECT_THROW_WITH(hybrid::HybridEngine(load_on("opt-preln", device()), bad), core::ConfigError,
                     "lora_fuse_backup must be auto, device or host, got 'gpu'");
+}
+
+// Loading builds dschat's layers straight on the device in the dtype (ParameterPlacementScope);
+// every parameter ends there, and the scope is undone (and nests) on this thread.
+TEST_P(OnDevice, ModelsLoadOntoTheDeviceInTheirDtype) {
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
+      auto model = load_on(fixture, device(), dtype);
+      for (const auto& item : model->named_parameters()) {
+        EXPECT_EQ(item.value().device(), device()) << fixture << " " << item.key();
+        EXPECT_EQ(item.value().scalar_type(), dtype) << fixture << " " << item.key();
+      }
+    }
+  }
+  {
+    nn::ParameterPlacementScope outer(device(), torch::kBFloat16);
+    {
+      nn::ParameterPlacementScope inner(torch::kCPU, torch::kFloat16);
+      EXPECT_EQ(nn::Linear(nn::LinearOptions(4, 3))->weight.scalar_type(), torch::kFloat16);
+    }
+    nn::Linear linear(nn::LinearOptions(4, 3));
+    EXPECT_EQ(linear->weight.device(), device());
+    EXPECT_EQ(linear->bias.scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(nn::Linear(nn::LinearOptions(4, 3))->weight.device(), torch::Device(torch::kCPU));
+  EXPECT_EQ(nn::Linear(nn::LinearOptions(4, 3))->weight.scalar_type(), torch::kFloat32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values("cpu", "cuda"),

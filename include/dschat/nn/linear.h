@@ -14,6 +14,25 @@
 namespace dschat {
 namespace nn {
 
+/// Where dschat's own layers (Linear, RmsNorm) allocate their parameters while a scope is alive on
+/// this thread. models::load_causal_lm builds a model inside one, so the weights a checkpoint then
+/// overwrites are allocated (and initialised) straight on their device, in their dtype, with no
+/// host copy of the model first. LibTorch's own modules (Embedding, LayerNorm) still allocate on
+/// the CPU in float32; the loader moves them afterwards.
+class ParameterPlacementScope {
+ public:
+  ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype);
+  ~ParameterPlacementScope();
+  ParameterPlacementScope(const ParameterPlacementScope&) = delete;
+  ParameterPlacementScope& operator=(const ParameterPlacementScope&) = delete;
+
+ private:
+  std::optional<torch::TensorOptions> previous_;
+};
+
+/// The options of a new parameter of dschat's layers: the innermost scope's, else CPU float32.
+torch::TensorOptions parameter_options();
+
 struct LinearOptions {
   LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
