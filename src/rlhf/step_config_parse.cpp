@@ -222,7 +222,6 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
   c.test_stop_step = read_min(o, "test_stop_step", c.test_stop_step, 0);
   // Ours; 0 would keep empty answers, which have no reward slot after the prompt.
   c.min_answer_tokens = read_min(o, "min_answer_tokens", c.min_answer_tokens, 1);
-  c.min_answer_tokens = read_min(o, "min_answer_tokens", c.min_answer_tokens, 1);
   c.output_dir = o.get<std::string>("output_dir", c.output_dir);
   if (auto k = o.object("ppo_constants")) {
     PpoConstants& p = c.constants;
