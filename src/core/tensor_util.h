@@ -24,5 +24,20 @@ inline double lowest_value(torch::ScalarType dtype) {
   }
 }
 
+/// Re-points `variable` (a parameter) at `data` and keeps the Variable itself (its module
+/// registration, its autograd identity), as Tensor::set_data does, also between the meta device
+/// and a real one, which set_data refuses: its check keeps sparse and dense layouts apart, and a
+/// meta tensor is a dense tensor without storage. For a deferred load's parameters, which have
+/// not been through autograd (set_data's gradient-accumulator reset has nothing to reset).
+inline void rebind_parameter_data(const torch::Tensor& variable, const torch::Tensor& data) {
+  if (!variable.is_meta() && !data.is_meta()) {
+    variable.set_data(data);
+    return;
+  }
+  TORCH_CHECK(variable.layout() == torch::kStrided && data.layout() == torch::kStrided,
+              "rebind_parameter_data: strided tensors only");
+  variable.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
+
 }  // namespace core
 }  // namespace dschat

@@ -1,5 +1,6 @@
 #include "engine/flat_group.h"
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -12,8 +13,19 @@ int64_t bytes_of(const torch::Tensor& tensor) {
 
 }  // namespace
 
+const torch::Tensor& deferred_value(const std::map<std::string, torch::Tensor>* values, const std::string& name) {
+  DSCHAT_CHECK(values != nullptr, InvalidArgument, "ZeRO: parameter '", name,
+               "' is on the meta device but the engine was given no deferred values (a model loaded with "
+               "models::LoadOptions::deferred needs TrainingEngineOptions::deferred)");
+  auto it = values->find(name);
+  DSCHAT_CHECK(it != values->end(), InvalidArgument, "ZeRO: parameter '", name,
+               "' is on the meta device and the deferred load has no value for it");
+  return it->second;
+}
+
 FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> members, bool trainable,
-                                       bool partition_params, const ZeroContext& context)
+                                       bool partition_params, const ZeroContext& context,
+                                       const std::map<std::string, torch::Tensor>* deferred_values)
     : label_(std::move(label)),
       members_(std::move(members)),
       trainable_(trainable),
@@ -23,7 +35,8 @@ FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> me
   dtype_ = members_.front().param.scalar_type();
   std::vector<std::pair<std::string, int64_t>> numels;
   for (const Member& member : members_) {
-    DSCHAT_CHECK(member.param.scalar_type() == dtype_ && member.param.device() == context_.model_device,
+    const bool placed = member.param.device() == context_.model_device || member.param.is_meta();
+    DSCHAT_CHECK(member.param.scalar_type() == dtype_ && placed,
                  InvalidArgument, "ZeRO group '", label_, "': parameter '", member.name, "' is ",
                  member.param.scalar_type(), " on ", member.param.device(), ", the group is ", dtype_, " on ",
                  context_.model_device);
@@ -36,21 +49,31 @@ FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> me
   layout_ = plan_flat_layout(numels, owner_world);
 
   torch::NoGradGuard no_grad;
-  torch::Tensor flat = torch::zeros({layout_.padded_numel}, torch::dtype(dtype_).device(context_.model_device));  // [padded]
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const FlatSlot& slot = layout_.slots[i];
-    flat.narrow(0, slot.offset, slot.numel).copy_(members_[i].param.detach().reshape({-1}));
-  }
+  // A member's value, flattened: the parameter's own, or a deferred load's host tensor.
+  auto value_of = [&](size_t i) -> torch::Tensor {  // [numel]
+    const Member& member = members_[i];
+    if (!member.param.is_meta()) return member.param.detach().reshape({-1});
+    return deferred_value(deferred_values, member.name).reshape({-1});
+  };
   const ElementRange owned = owned_range();
   if (partition_params_) {
-    param_partition_ = torch::empty({owned.size()}, torch::dtype(dtype_).device(context_.param_store_device)
-                                                        .pinned_memory(context_.pin_memory &&
-                                                                       context_.param_store_device.is_cpu() &&
-                                                                       context_.model_device.is_cuda()));
-    param_partition_.copy_(flat.narrow(0, owned.begin, owned.size()));
+    const bool pin =
+        context_.pin_memory && context_.param_store_device.is_cpu() && context_.model_device.is_cuda();
+    param_partition_ = torch::zeros({owned.size()},  // [owned]: padding stays zero
+                                    torch::dtype(dtype_).device(context_.param_store_device).pinned_memory(pin));
+    for (const Piece& piece : pieces_in_range(layout_, owned)) {
+      param_partition_.narrow(0, piece.range_offset, piece.numel)
+          .copy_(value_of(piece.slot).narrow(0, piece.slot_offset, piece.numel));
+    }
+    bind_deferred_members();
     point_members_at_nothing();
   } else {
-    flat_params_ = flat;
+    flat_params_ = torch::zeros({layout_.padded_numel}, torch::dtype(dtype_).device(context_.model_device));  // [padded]
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const FlatSlot& slot = layout_.slots[i];
+      flat_params_.narrow(0, slot.offset, slot.numel).copy_(value_of(i));
+    }
+    bind_deferred_members();
     point_members_at(flat_params_);
   }
   if (trainable_) {
@@ -67,6 +90,13 @@ FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> me
 torch::Tensor FlatParameterGroup::new_state_tensor(int64_t numel) const {
   const bool pin = context_.pin_memory && context_.state_device.is_cpu() && context_.model_device.is_cuda();
   return torch::zeros({numel}, torch::dtype(torch::kFloat32).device(context_.state_device).pinned_memory(pin));
+}
+
+void FlatParameterGroup::bind_deferred_members() {
+  torch::Tensor nothing = torch::empty({0}, torch::dtype(dtype_).device(context_.model_device));  // [0]
+  for (Member& member : members_) {
+    if (member.param.is_meta()) core::rebind_parameter_data(member.param, nothing);
+  }
 }
 
 void FlatParameterGroup::point_members_at(const torch::Tensor& flat) {

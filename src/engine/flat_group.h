@@ -17,6 +17,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,10 @@ struct ZeroContext {
   int64_t allgather_bucket_elements = 500000000;
 };
 
+/// A meta parameter's value in a deferred load's `values` (core::InvalidArgument naming it when
+/// there are none or it is missing).
+const torch::Tensor& deferred_value(const std::map<std::string, torch::Tensor>* values, const std::string& name);
+
 class FlatParameterGroup {
  public:
   struct Member {
@@ -51,9 +56,12 @@ class FlatParameterGroup {
   };
 
   /// Collective for partitioned groups only in the sense that every rank must build the same
-  /// groups in the same order. Members must share one dtype and device.
+  /// groups in the same order. Members must share one dtype and be on the model device or on the
+  /// meta device; a meta member's value is `deferred_values`' tensor of its name (a deferred load,
+  /// models::DeferredParameters). A partitioned group copies only the pieces of its owned range,
+  /// so no full-size buffer of it ever exists on the device (DeepSpeed's zero.Init).
   FlatParameterGroup(std::string label, std::vector<Member> members, bool trainable, bool partition_params,
-                     const ZeroContext& context);
+                     const ZeroContext& context, const std::map<std::string, torch::Tensor>* deferred_values = nullptr);
 
   const std::string& label() const { return label_; }
   const std::vector<Member>& members() const { return members_; }
@@ -128,6 +136,8 @@ class FlatParameterGroup {
   // part += reduced (a part of grad_partition_, through host_gradients_); `fresh`: the partition
   // was created by the calling reduction, so the part still holds zeros.
   void add_to_partition(const torch::Tensor& part, const torch::Tensor& reduced, bool fresh);
+  // Takes the meta members (a deferred load's) off the meta device, so set_data can re-point them.
+  void bind_deferred_members();
   void point_members_at(const torch::Tensor& flat);
   void point_members_at_nothing();
   torch::Tensor new_state_tensor(int64_t numel) const;

@@ -14,7 +14,7 @@ namespace engine {
 namespace {
 
 ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig& config,
-                         dist::Communicator* communicator) {
+                         dist::Communicator* communicator, const models::DeferredParameters* deferred) {
   ZeroContext context;
   context.communicator = communicator;
   context.rank = communicator ? communicator->rank() : 0;
@@ -22,6 +22,7 @@ ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig&
   context.stage = config.zero.stage;
   const auto params = module.parameters();
   if (!params.empty()) context.model_device = params.front().device();
+  if (deferred != nullptr) context.model_device = deferred->device;
   const ZeroConfig& zero = config.zero;
   context.offload_optimizer = zero.offload_optimizer.enabled();
   context.state_device = context.offload_optimizer ? torch::Device(torch::kCPU) : context.model_device;
@@ -69,8 +70,11 @@ TrainingEngine::TrainingEngine(std::shared_ptr<torch::nn::Module> module, Traini
   if (config.precision == Precision::kFp16) scaler_ = LossScaler::from_fp16_config(config.fp16_block, "fp16");
 
   const OptimizerConfig& opt = config.optimizer ? *config.optimizer : options_.optimizer;
-  zero_ = std::make_unique<ZeroOptimizer>(*module_, make_context(*module_, config, options_.communicator.get()),
-                                          config.zero, opt, options_.lora_learning_rate);
+  const models::DeferredParameters* deferred = options_.deferred.get();
+  zero_ = std::make_unique<ZeroOptimizer>(*module_,
+                                          make_context(*module_, config, options_.communicator.get(), deferred),
+                                          config.zero, opt, options_.lora_learning_rate, deferred);
+  options_.deferred.reset();  // the checkpoint's mapping is no longer needed
   if (options_.lr_schedule) {
     LrScheduleOptions schedule = *options_.lr_schedule;
     if (schedule.initial_lr == 0.0) schedule.initial_lr = opt.lr;

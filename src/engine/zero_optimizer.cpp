@@ -3,9 +3,11 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/param_groups.h"
 #include "dschat/models/backbone.h"
+#include "dschat/models/load_save.h"
 #include "engine/overlap_reducer.h"
 #include "engine/zero3_hooks.h"
 
@@ -39,6 +41,27 @@ std::shared_ptr<models::Backbone> find_backbone(torch::nn::Module& module) {
   return found;
 }
 
+// A deferred load's parameters before the groups are built: host ones (LoRA adapters made after
+// the load) move to the model device; meta ones that will not be partitioned are materialised
+// whole there from their deferred value. `partitioned(numel)`: whether a parameter of that size
+// goes into a partitioned group.
+template <typename Partitioned>
+void place_deferred_parameters(const NamedParams& params, const models::DeferredParameters& deferred,
+                               const torch::Device& device, Partitioned partitioned) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    torch::Tensor variable = param;  // shares the module's Variable: set_data re-points the module's
+    if (variable.is_meta()) {
+      if (partitioned(variable.numel())) continue;
+      torch::Tensor placed = torch::empty(variable.sizes(), torch::dtype(variable.scalar_type()).device(device));
+      placed.copy_(deferred_value(&deferred.values, name));
+      core::rebind_parameter_data(variable, placed);
+    } else if (variable.device() != device) {
+      variable.set_data(variable.to(device));
+    }
+  }
+}
+
 // Splits members by dtype so every flat group has one element type.
 std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> by_dtype(const NamedParams& params) {
   std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> split;
@@ -49,12 +72,21 @@ std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> by_dtype(co
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& context, const ZeroConfig& zero,
-                             const OptimizerConfig& optimizer, double lora_learning_rate)
+                             const OptimizerConfig& optimizer, double lora_learning_rate,
+                             const models::DeferredParameters* deferred)
     : context_(context) {
+  if (deferred != nullptr) {
+    const bool stage3 = context_.stage == 3;
+    const int64_t threshold = zero.stage3_param_persistence_threshold;
+    place_deferred_parameters(unique_parameters(module), *deferred, context_.model_device,
+                              [&](int64_t numel) { return stage3 && numel > threshold; });
+  }
   if (context_.world_size > 1) {
-    // DeepSpeed's _broadcast_model: every rank starts from rank 0's values.
+    // DeepSpeed's _broadcast_model: every rank starts from rank 0's values. A deferred load's
+    // partitioned parameters are not materialised: each rank reads its part of the same files.
     torch::NoGradGuard no_grad;
     for (auto& [name, param] : unique_parameters(module)) {
+      if (param.is_meta()) continue;
       torch::Tensor values = param.detach();
       context_.communicator->broadcast(values, 0);
     }
@@ -63,7 +95,7 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& conte
       context_.communicator->broadcast(values, 0);
     }
   }
-  build_groups(module, zero);
+  build_groups(module, zero, deferred);
   build_optimizer(optimizer, lora_learning_rate);
   if (zero.overlap_comm && context_.stage < 3) {
     std::vector<FlatParameterGroup*> trainable;
@@ -79,14 +111,16 @@ ZeroOptimizer::~ZeroOptimizer() {
   if (backbone_ && backbone_->layer_parameter_hooks() == hooks_.get()) backbone_->set_layer_parameter_hooks(nullptr);
 }
 
-void ZeroOptimizer::build_groups(torch::nn::Module& module, const ZeroConfig& zero) {
+void ZeroOptimizer::build_groups(torch::nn::Module& module, const ZeroConfig& zero,
+                                 const models::DeferredParameters* deferred) {
   const NamedParams params = unique_parameters(module);
+  const std::map<std::string, torch::Tensor>* deferred_values = deferred ? &deferred->values : nullptr;
   auto add_groups = [&](const std::string& label, const NamedParams& members, bool trainable, bool partitioned) {
     std::vector<FlatParameterGroup*> added;
     for (auto& [dtype, group_members] : by_dtype(members)) {
       groups_.push_back(std::make_unique<FlatParameterGroup>(label + "/" + std::string(c10::toString(dtype)),
                                                              std::move(group_members), trainable, partitioned,
-                                                             context_));
+                                                             context_, deferred_values));
       added.push_back(groups_.back().get());
     }
     return added;

@@ -30,6 +30,7 @@
 namespace dschat {
 namespace models {
 class Backbone;
+struct DeferredParameters;
 }
 namespace engine {
 
@@ -60,8 +61,14 @@ class ZeroOptimizer {
   };
 
   /// Collective: broadcasts rank 0's values of every parameter, then builds the groups.
+  /// `deferred`: the values of a deferred load (models::DeferredParameters; its meta parameters
+  /// are read from the same checkpoint by every rank, so not broadcast). Stage 3 copies only this
+  /// rank's partitions of them onto the device; the parameters kept whole (stages 0-2, and stage
+  /// 3's small ones) are materialised whole. Parameters a deferred model holds on the host (LoRA
+  /// adapters made after the load) are moved to the model device first.
   ZeroOptimizer(torch::nn::Module& module, const ZeroContext& context, const ZeroConfig& zero,
-                const OptimizerConfig& optimizer, double lora_learning_rate);
+                const OptimizerConfig& optimizer, double lora_learning_rate,
+                const models::DeferredParameters* deferred = nullptr);
   ~ZeroOptimizer();
 
   const ZeroContext& context() const { return context_; }
@@ -104,7 +111,7 @@ class ZeroOptimizer {
   Zero3LayerHooks* layer_hooks() { return hooks_.get(); }
 
  private:
-  void build_groups(torch::nn::Module& module, const ZeroConfig& zero);
+  void build_groups(torch::nn::Module& module, const ZeroConfig& zero, const models::DeferredParameters* deferred);
   void build_optimizer(const OptimizerConfig& optimizer, double lora_learning_rate);
   // Points the owned pieces at their gradients; only the pieces of `only` when it is not null
   // (the others get none, so AdamW leaves them alone).

@@ -43,8 +43,9 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input_ids, const torch:
   return lm_logits(hidden_states(input_ids, attention_mask, cache, layout));
 }
 
-void CausalLMImpl::load_weights(const NamedTensors& weights, const std::string& source) {
+void CausalLMImpl::load_weights(const NamedTensors& weights, const std::string& source, NamedTensors* deferred) {
   WeightBinding binding;
+  binding.deferred = deferred;
   if (config().tie_word_embeddings) binding.ignored.insert("lm_head.weight");
   models::load_weights(*this, rebase_backbone_names(weights, "model."), binding, source);
 }

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "core/log.h"
+#include "core/tensor_util.h"
 #include "dschat/core/error.h"
 #include "dschat/io/model_source.h"
 #include "dschat/io/state_dict.h"
@@ -53,6 +54,61 @@ ModelHolder finish(ModelHolder& model, const Source& source, const std::string& 
   return model;
 }
 
+torch::Tensor meta_like(const torch::Tensor& param, torch::ScalarType dtype) {
+  return torch::empty(param.sizes(), torch::dtype(dtype).device(torch::kMeta));
+}
+
+// A deferred load's parameters the checkpoint lacks (a fresh v_head): their layer's own
+// initialisation, run on the host, becomes their value; the parameters go back to the meta device.
+void initialise_missing_on_host(torch::nn::Module& model, DeferredParameters& deferred) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_modules()) {
+    auto* linear = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    if (linear == nullptr || deferred.values.count(prefix + "weight")) continue;
+    std::vector<std::pair<std::string, torch::Tensor*>> params = {{prefix + "weight", &linear->weight}};
+    if (linear->bias.defined()) params.emplace_back(prefix + "bias", &linear->bias);
+    for (auto& [name, param] : params) core::rebind_parameter_data(*param, torch::empty(param->sizes(), torch::kFloat32));
+    linear->reset_parameters();
+    for (auto& [name, param] : params) {
+      deferred.values[name] = param->detach().to(deferred.dtype);
+      core::rebind_parameter_data(*param, meta_like(*param, deferred.dtype));
+    }
+  }
+  for (const auto& item : model.named_parameters()) {
+    DSCHAT_CHECK(deferred.values.count(item.key()), Unsupported, "deferred load: parameter '", item.key(),
+                 "' is not in the checkpoint and is not a Linear layer's, so it has no initial value");
+  }
+}
+
+// The deferred load (LoadOptions::deferred): shapes on the meta device, values recorded.
+template <typename ModelHolder, typename Load>
+ModelHolder build_deferred(const Source& source, const std::string& name_or_path, const LoadOptions& options,
+                           Load load) {
+  DeferredParameters& deferred = *options.deferred;
+  deferred = DeferredParameters{options.device, options.dtype, {}};
+  if (options.random_init) {
+    ModelHolder model(source.config);  // the same host initialisation as an eager random load
+    init_like_transformers(*model);
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      deferred.values[item.key()] = item.value().detach().to(options.dtype);
+      core::rebind_parameter_data(item.value(), meta_like(item.value(), options.dtype));
+    }
+    return finish(model, source, name_or_path);
+  }
+  ModelHolder model = [&] {
+    nn::ParameterPlacementScope placement(torch::kMeta, options.dtype);
+    return ModelHolder(source.config);
+  }();
+  for (auto& param : model->parameters()) {  // LibTorch's Embedding and LayerNorm, built on the host
+    if (!param.is_meta()) core::rebind_parameter_data(param, meta_like(param, options.dtype));
+  }
+  load(model, io::load_state_dict(source.dir), source.dir.string(), &deferred.values);
+  initialise_missing_on_host(*model, deferred);
+  return finish(model, source, name_or_path);
+}
+
 template <typename ModelHolder, typename Load>
 ModelHolder build(const std::string& name_or_path, const LoadOptions& options, Load load) {
   Source source = find_source(name_or_path, options.random_init);
@@ -61,6 +117,7 @@ ModelHolder build(const std::string& name_or_path, const LoadOptions& options, L
                  ": dropout must be in [0, 1), got ", *options.dropout);
     source.config.dropout = source.config.attention_dropout = source.config.activation_dropout = *options.dropout;
   }
+  if (options.deferred != nullptr) return build_deferred<ModelHolder>(source, name_or_path, options, load);
   if (options.random_init) {
     ModelHolder model(source.config);
     init_like_transformers(*model);  // on the CPU's generator: the same weights on every device
@@ -75,7 +132,7 @@ ModelHolder build(const std::string& name_or_path, const LoadOptions& options, L
     return ModelHolder(source.config);
   }();
   model->to(options.device, options.dtype);
-  load(model, io::load_state_dict(source.dir), source.dir.string());
+  load(model, io::load_state_dict(source.dir), source.dir.string(), nullptr);
   return finish(model, source, name_or_path);
 }
 
@@ -106,16 +163,17 @@ void save_model_tensors(const NamedTensors& state, const core::ModelConfig& conf
 
 CausalLM load_causal_lm(const std::string& name_or_path, const LoadOptions& options) {
   return build<CausalLM>(name_or_path, options,
-                                 [](CausalLM& m, const io::TensorMap& w, const std::string& where) {
-                                   m->load_weights(w, where);
-                                 });
+                         [](CausalLM& m, const io::TensorMap& w, const std::string& where, NamedTensors* deferred) {
+                           m->load_weights(w, where, deferred);
+                         });
 }
 
 ValueHeadModel load_value_model(const std::string& name_or_path, const LoadOptions& options,
                                         bool allow_missing_head) {
   return build<ValueHeadModel>(
-      name_or_path, options, [&](ValueHeadModel& m, const io::TensorMap& w, const std::string& where) {
-        m->load_weights(w, where, allow_missing_head);
+      name_or_path, options,
+      [&](ValueHeadModel& m, const io::TensorMap& w, const std::string& where, NamedTensors* deferred) {
+        m->load_weights(w, where, allow_missing_head, deferred);
       });
 }
 

@@ -17,8 +17,9 @@ torch::Tensor ValueHeadModelImpl::forward(const torch::Tensor& input_ids, const 
 }
 
 void ValueHeadModelImpl::load_weights(const NamedTensors& weights, const std::string& source,
-                                      bool allow_missing_head) {
+                                      bool allow_missing_head, NamedTensors* deferred) {
   WeightBinding binding;
+  binding.deferred = deferred;
   binding.ignored.insert("lm_head.weight");
   if (allow_missing_head) binding.optional.insert("v_head.weight");
   models::load_weights(*this, rebase_backbone_names(weights, "rwtransformer."), binding, source);

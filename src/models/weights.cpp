@@ -45,7 +45,14 @@ void load_weights(torch::nn::Module& module, const NamedTensors& weights, const 
   torch::NoGradGuard no_grad;
   for (auto& item : parameters) {
     auto it = weights.find(item.key());
-    if (it != weights.end()) item.value().copy_(it->second);
+    if (it == weights.end()) continue;
+    if (item.value().is_meta()) {
+      DSCHAT_CHECK(binding.deferred != nullptr, InvalidArgument, source, ": parameter '", item.key(),
+                   "' is on the meta device, so its value cannot be loaded (no deferred load was asked for)");
+      (*binding.deferred)[item.key()] = it->second;
+    } else {
+      item.value().copy_(it->second);
+    }
   }
 }
 

@@ -54,7 +54,10 @@ void LinearImpl::enable_lora(const LinearLoraOptions& lora_options) {
   DSCHAT_CHECK(lora_options.lora_dim() >= 1, InvalidArgument, "lora_dim must be >= 1, got ", lora_options.lora_dim());
   DSCHAT_CHECK(lora_options.lora_dropout() >= 0.0 && lora_options.lora_dropout() < 1.0, InvalidArgument,
                "lora_dropout must be in [0, 1), got ", lora_options.lora_dropout());
+  // A deferred (meta) weight gets host adapters: they are small, and the engine that partitions
+  // the deferred model moves them to its device with everything else it keeps.
   auto like_weight = weight.options().requires_grad(false);
+  if (weight.is_meta()) like_weight = like_weight.device(torch::kCPU);
   const int64_t r = lora_options.lora_dim();
   lora_right_weight = register_parameter("lora_right_weight", torch::empty({options.in_features(), r}, like_weight));
   lora_left_weight = register_parameter("lora_left_weight", torch::empty({r, options.out_features()}, like_weight));

@@ -32,15 +32,17 @@ Experience Experience::slice(int64_t begin, int64_t end) const {
   return out;
 }
 
-RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id) {
-  return [reward, pad_token_id](const torch::Tensor& seq, const torch::Tensor& attention_mask,
-                                int64_t prompt_length) mutable {
+RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id,
+                                   engine::ZeroInferenceEngine* engine) {
+  return [reward, pad_token_id, engine](const torch::Tensor& seq, const torch::Tensor& attention_mask,
+                                        int64_t prompt_length) mutable {
     reward->eval();
     // Scored where the model is (offload_reward_model keeps it on the CPU), returned on seq's device.
     const torch::Device at = parameter_device(*reward);
     const torch::Tensor ids = seq.to(at);  // [B, L]
     const torch::Tensor mask = attention_mask.to(at);
     torch::Tensor values = reward->forward(ids, mask, mask_layout_of(mask)).to(torch::kFloat32);  // [B, L]
+    if (engine != nullptr) engine->release_gathered_parameters();
     return reward_end_scores(ids, values, pad_token_id, prompt_length).to(seq.device());     // [B]
   };
 }
@@ -128,6 +130,7 @@ std::optional<Experience> generate_experience(ExperienceSources& sources, const 
   if (sources.reference) {
     sources.reference->eval();
     exp.ref_logprobs = log_probs_on_model_device(sources.reference, seq, exp.attention_mask, exp.mask_layout);  // [K, L-1]
+    if (sources.reference_engine != nullptr) sources.reference_engine->release_gathered_parameters();
   }
   exp.reward_score =
       sources.reward(seq, exp.attention_mask, exp.prompt_length).to(seq.device(), torch::kFloat32);  // [K]
@@ -149,7 +152,8 @@ std::optional<Experience> make_experience(RlhfModels& models, const torch::Tenso
   ExperienceSources sources;
   sources.policy = models.actor.get();
   sources.reference = models.ref;
-  sources.reward = reward_model_scores(models.reward, pad_token_id);
+  sources.reference_engine = models.ref_engine.get();
+  sources.reward = reward_model_scores(models.reward, pad_token_id, models.reward_engine.get());
   sources.critic = models.critic;
   sources.critic_engine = models.critic_engine.get();
   ExperienceOptions options;

@@ -233,12 +233,13 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs && !stop_test_mode; ++epoch) {
     data::EpochBatches<data::PromptBatch> prompts(prompt_sampler, epoch, gen_bs, false,
                                                   [&](const std::vector<int64_t>& items) {
-                                                    return data::collate_prompts(phase.train, items, pad, P);
+                                                    return data::collate_prompts(phase.train, items, pad, P)
+                                                        .pinned_for(device);
                                                   });
     std::optional<data::EpochBatches<data::SftBatch>> unsup_batches;
     if (mixture) {
       unsup_batches.emplace(*unsup_sampler, epoch, gen_bs, false, [&](const std::vector<int64_t>& items) {
-        return data::collate_sft(unsup, items, {pad, std::nullopt});
+        return data::collate_sft(unsup, items, {pad, std::nullopt}).pinned_for(device);
       });
     }
     for (int64_t batch_index = 0; batch_index < steps_per_epoch; ++batch_index) {

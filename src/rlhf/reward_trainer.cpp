@@ -49,10 +49,10 @@ RewardEvaluation evaluate_reward_model(models::ValueHeadModel& model, const data
   model->eval();
   torch::NoGradGuard no_grad;
   data::DistributedSampler sampler(pairs.size(), context_world(context), context_rank(context), /*shuffle=*/false);
-  data::EpochBatches<data::RewardBatch> batches(sampler, 0, batch_size, false, [&](const std::vector<int64_t>& items) {
-    return data::collate_reward(pairs, items, {pad_token_id, std::nullopt});
-  });
   const torch::Device device = parameter_device(*model);
+  data::EpochBatches<data::RewardBatch> batches(sampler, 0, batch_size, false, [&](const std::vector<int64_t>& items) {
+    return data::collate_reward(pairs, items, {pad_token_id, std::nullopt}).pinned_for(device);
+  });
   RewardEvaluation result;
   // Per batch: pairs won, mean chosen and mean rejected end score, each [] on the device; read
   // once after the loop and summed on the host in batch order (as a read per batch would be).
@@ -130,6 +130,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
+  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
@@ -145,7 +146,8 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   const int64_t batches_per_epoch = (sampler.num_samples() + micro - 1) / micro;
   const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
   std::unique_ptr<engine::TrainingEngine> engine_owner =
-      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
+      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where,
+                           std::move(deferred));
   engine::TrainingEngine& engine = *engine_owner;
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   SupervisedLoop<data::RewardBatch> loop;
@@ -191,7 +193,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   };
   loop.epoch_batches = [&](int64_t epoch) {
     return data::EpochBatches<data::RewardBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_reward(phase.train, items, {pad, std::nullopt});
+      return data::collate_reward(phase.train, items, {pad, std::nullopt}).pinned_for(device);
     });
   };
   loop.train_micro_batch = [&](const data::RewardBatch& host_batch) {

@@ -14,14 +14,37 @@ void freeze(torch::nn::Module& module) {
   module.eval();
 }
 
+// A frozen model of step 3 where `at` places it: replicated, or partitioned by a ZeRO-3
+// inference engine (loaded partitioned) that `engine` receives.
+template <typename Model, typename Load>
+Model load_frozen(const ModelPlacement& at, models::LoadOptions load, const StepContext& context, Load load_model,
+                  std::unique_ptr<engine::ZeroInferenceEngine>& engine) {
+  load.device = at.device;
+  load.dtype = at.dtype;
+  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, at.zero3 ? 3 : 0);
+  Model model = load_model(load);
+  freeze(*model);
+  if (at.zero3) {
+    engine::ZeroInferenceOptions options;
+    options.zero = eval_zero3_config(at.offload_param);
+    options.communicator = context.communicator;
+    options.deferred = std::move(deferred);
+    engine = std::make_unique<engine::ZeroInferenceEngine>(model.ptr(), std::move(options));
+  }
+  return model;
+}
+
 }  // namespace
 
 RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype) {
   RlhfPlacement placement;
   placement.trained = ModelPlacement{step_device, step_dtype};
-  const ModelPlacement host{torch::kCPU, step_dtype};
-  placement.reference = config.offload_reference_model ? host : placement.trained;
-  placement.reward = config.offload_reward_model ? host : placement.trained;
+  auto frozen = [&](bool zero3, bool offload) {
+    if (zero3) return ModelPlacement{step_device, step_dtype, true, offload};
+    return offload ? ModelPlacement{torch::kCPU, step_dtype} : placement.trained;
+  };
+  placement.reference = frozen(config.actor.zero_stage == 3, config.offload_reference_model);
+  placement.reward = frozen(config.critic.zero_stage == 3, config.offload_reward_model);
   return placement;
 }
 
@@ -41,18 +64,12 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   load.device = models.placement.trained.device;
   load.dtype = models.placement.trained.dtype;
   load.random_init = context.random_init;
-  // Loads of the frozen models, possibly elsewhere (the same weights: device and dtype only).
-  auto placed = [&load](const ModelPlacement& at) {
-    models::LoadOptions options = load;
-    options.device = at.device;
-    options.dtype = at.dtype;
-    return options;
-  };
 
   // Every copy of a randomly initialised model must start equal: reseed before each load.
   torch::manual_seed(config.common.seed);
   models::LoadOptions actor_load = load;
   actor_load.dropout = config.actor.dropout;
+  std::shared_ptr<models::DeferredParameters> actor_deferred = defer_load_at_stage3(actor_load, config.actor.zero_stage);
   models::CausalLM actor = models::load_causal_lm(config.actor_model_name_or_path, actor_load);
   actor->backbone().set_gradient_checkpointing(config.actor.gradient_checkpointing);
   torch::manual_seed(config.common.seed + 1);  // the adapters' initial values
@@ -73,11 +90,18 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
       train_ds_config(config.common, config.actor.zero_stage, config.per_device_training_batch_size, actor_gas, world,
                       where + ": actor", &hybrid),
       total_iters, context);
+  actor_options.training.deferred = std::move(actor_deferred);
   models.actor = std::make_unique<hybrid::HybridEngine>(actor, std::move(actor_options));
 
+  auto load_actor_copy = [&](const models::LoadOptions& options) {
+    return models::load_causal_lm(config.actor_model_name_or_path, options);
+  };
+  auto load_reward_copy = [&](const models::LoadOptions& options) {
+    return models::load_value_model(config.critic_model_name_or_path, options);
+  };
   torch::manual_seed(config.common.seed);
-  models.ref = models::load_causal_lm(config.actor_model_name_or_path, placed(models.placement.reference));
-  freeze(*models.ref);
+  models.ref = load_frozen<models::CausalLM>(models.placement.reference, load, context, load_actor_copy,
+                                             models.ref_engine);
 
   if (config.enable_ema) {
     torch::manual_seed(config.common.seed);
@@ -91,6 +115,8 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
 
   models::LoadOptions critic_load = load;
   critic_load.dropout = config.critic.dropout;
+  std::shared_ptr<models::DeferredParameters> critic_deferred =
+      defer_load_at_stage3(critic_load, config.critic.zero_stage);
   torch::manual_seed(config.common.seed + 2);
   models.critic = models::load_value_model(config.critic_model_name_or_path, critic_load);
   models.critic->backbone().set_gradient_checkpointing(config.critic.gradient_checkpointing);
@@ -99,11 +125,11 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   models.critic->train();
   models.critic_engine = make_training_engine(models.critic.ptr(), config.common, config.critic,
                                               config.per_device_training_batch_size, total_iters, context,
-                                              where + ": critic");
+                                              where + ": critic", std::move(critic_deferred));
 
   torch::manual_seed(config.common.seed + 2);
-  models.reward = models::load_value_model(config.critic_model_name_or_path, placed(models.placement.reward));
-  freeze(*models.reward);
+  models.reward = load_frozen<models::ValueHeadModel>(models.placement.reward, load, context, load_reward_copy,
+                                                      models.reward_engine);
   return models;
 }
 

@@ -37,7 +37,8 @@ double evaluate_loss(models::CausalLM& model, engine::TrainingEngine& engine, co
   data::EpochBatches<data::SftBatch> batches(sampler, 0, config.per_device_eval_batch_size, false,
                                              [&](const std::vector<int64_t>& items) {
                                                return data::collate_sft(eval, items, {pad, std::nullopt},
-                                                                        loss_tokens_of(config));
+                                                                        loss_tokens_of(config))
+                                                   .pinned_for(device);
                                              });
   std::vector<torch::Tensor> batch_losses;  // each [] on the device
   while (auto host_batch = batches.next()) {
@@ -88,6 +89,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   load.dtype = step_dtype(config.common.dtype, where);
   load.random_init = context.random_init;
   load.dropout = config.model.dropout;
+  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
   model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
@@ -103,7 +105,8 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
 
   std::unique_ptr<engine::TrainingEngine> engine_owner =
-      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where);
+      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where,
+                           std::move(deferred));
   engine::TrainingEngine& engine = *engine_owner;
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   memory.enter("training", MemoryAdvice::kTrain);
@@ -140,7 +143,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   };
   loop.epoch_batches = [&](int64_t epoch) {
     return data::EpochBatches<data::SftBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens_of(config));
+      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens_of(config)).pinned_for(device);
     });
   };
   loop.train_micro_batch = [&](const data::SftBatch& host_batch) {

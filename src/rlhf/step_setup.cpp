@@ -96,10 +96,37 @@ std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<tor
                                                              const ModelTrainingConfig& model, int64_t micro_batch,
                                                              int64_t total_optimizer_steps, const StepContext& context,
                                                              const std::string& where) {
+  return make_training_engine(std::move(module), common, model, micro_batch, total_optimizer_steps, context, where,
+                              nullptr);
+}
+
+std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<torch::nn::Module> module,
+                                                             const CommonStepConfig& common,
+                                                             const ModelTrainingConfig& model, int64_t micro_batch,
+                                                             int64_t total_optimizer_steps, const StepContext& context,
+                                                             const std::string& where,
+                                                             std::shared_ptr<const models::DeferredParameters> deferred) {
   engine::DeepSpeedConfig ds = train_ds_config(common, model.zero_stage, micro_batch, common.gradient_accumulation_steps,
                                                context_world(context), where);
-  return std::make_unique<engine::TrainingEngine>(
-      std::move(module), training_engine_options(common, model, std::move(ds), total_optimizer_steps, context));
+  engine::TrainingEngineOptions options =
+      training_engine_options(common, model, std::move(ds), total_optimizer_steps, context);
+  options.deferred = std::move(deferred);
+  return std::make_unique<engine::TrainingEngine>(std::move(module), std::move(options));
+}
+
+std::shared_ptr<models::DeferredParameters> defer_load_at_stage3(models::LoadOptions& load, int zero_stage) {
+  if (zero_stage != 3) return nullptr;
+  auto deferred = std::make_shared<models::DeferredParameters>();
+  load.deferred = deferred.get();
+  return deferred;
+}
+
+engine::ZeroConfig eval_zero3_config(bool offload) {
+  engine::ZeroConfig zero;
+  zero.stage = 3;
+  zero.stage3_param_persistence_threshold = 10000;
+  if (offload) zero.offload_param.device = "cpu";
+  return zero;
 }
 
 int64_t optimizer_steps_for(int64_t epochs, int64_t batches_per_epoch, int64_t gas) {

@@ -5,10 +5,13 @@
 //   1e-6: reductions run in another order on a GPU);
 // - bf16 (and, on CUDA, fp16 with loss scaling) training stays finite and its loss falls;
 // - greedy generation gives transformers' ids for OPT and LLaMA (fixtures' greedy.npy);
-// - a HybridEngine generates the ids of a plain copy of its weights after a training step.
+// - a HybridEngine generates the ids of a plain copy of its weights after a training step;
+// - a deferred (zero.Init) load trains like an eager one; a ZeRO-3 inference engine scores like
+//   the replicated model.
 #include <gtest/gtest.h>
 
 #include "dschat/engine/training_engine.h"
+#include "dschat/engine/zero_inference_engine.h"
 #include "dschat/hybrid/hybrid_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/io/npy.h"
@@ -52,10 +55,25 @@ engine::TrainingEngineOptions engine_options(int stage, const std::string& preci
   return options;
 }
 
+// A deferred (zero.Init) load of a fixture for `device`: the model and the values it left.
+std::pair<models::CausalLM, std::shared_ptr<models::DeferredParameters>> load_deferred(const std::string& fixture,
+                                                                                     const torch::Device& device) {
+  auto deferred = std::make_shared<models::DeferredParameters>();
+  models::LoadOptions load;
+  load.device = device;
+  load.dropout = 0.0;
+  load.deferred = deferred.get();
+  return {models::load_causal_lm(testing::fixture(fixture).string(), load), deferred};
+}
+
 // Next-token loss of a fixed batch, `steps` optimizer steps; the losses, read after the loop.
-std::vector<double> train_losses(models::CausalLM model, int stage, const std::string& precision, int steps) {
-  const torch::Device device = model->parameters().front().device();
-  engine::TrainingEngine engine(model.ptr(), engine_options(stage, precision));
+// `deferred`: the model was loaded deferred (its engine materialises it on deferred->device).
+std::vector<double> train_losses(models::CausalLM model, int stage, const std::string& precision, int steps,
+                                 std::shared_ptr<const models::DeferredParameters> deferred = nullptr) {
+  const torch::Device device = deferred ? deferred->device : model->parameters().front().device();
+  engine::TrainingEngineOptions options = engine_options(stage, precision);
+  options.deferred = std::move(deferred);
+  engine::TrainingEngine engine(model.ptr(), std::move(options));
   model->train();
   torch::Generator generator = at::detail::createCPUGenerator(5);
   const int64_t vocab = model->config().vocab_size;
@@ -215,6 +233,91 @@ TEST_P(OnDevice, ModelsLoadOntoTheDeviceInTheirDtype) {
   }
   EXPECT_EQ(nn::Linear(nn::LinearOptions(4, 3))->weight.device(), torch::Device(torch::kCPU));
   EXPECT_EQ(nn::Linear(nn::LinearOptions(4, 3))->weight.scalar_type(), torch::kFloat32);
+}
+
+// DeepSpeed's zero.Init in one process: a deferred load holds no parameter memory (every
+// parameter on the meta device) and trains exactly as an eager load, at stage 3 (partitioned
+// groups copied piece by piece from the checkpoint) and at stage 0 (materialised whole), LoRA
+// adapters included (a deferred model's are made on the host; here they get the eager model's
+// values, since the two initialise them on different generators on a GPU).
+TEST_P(OnDevice, PartitionedLoadTrainsLikeAnEagerLoad) {
+  for (int stage : {0, 3}) {
+    for (bool lora : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (lora ? " with LoRA" : ""));
+      models::CausalLM eager = load_on("opt-preln", device());
+      auto [partitioned, deferred] = load_deferred("opt-preln", device());
+      for (const auto& item : partitioned->named_parameters()) {
+        EXPECT_TRUE(item.value().is_meta()) << item.key();
+        EXPECT_EQ(deferred->values.at(item.key()).sizes(), item.value().sizes()) << item.key();
+      }
+      if (lora) {
+        nn::LoraOptions options;
+        options.lora_dim = 4;
+        options.module_name_filter = "decoder.layers.";
+        nn::convert_linear_layers_to_lora(*eager, options);
+        nn::convert_linear_layers_to_lora(*partitioned, options);
+        torch::NoGradGuard no_grad;
+        const auto eager_params = eager->named_parameters();
+        for (auto& item : partitioned->named_parameters()) {
+          if (item.key().find("lora") == std::string::npos) continue;
+          EXPECT_TRUE(item.value().device().is_cpu()) << item.key();
+          item.value().copy_(eager_params[item.key()]);
+        }
+      }
+      const std::vector<double> expected = train_losses(eager, stage, "fp32", 3);
+      const std::vector<double> got = train_losses(partitioned, stage, "fp32", 3, deferred);
+      for (size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_NEAR(got[i], expected[i], 1e-6 + 1e-6 * std::abs(expected[i])) << "step " << i;
+      }
+      for (const auto& item : partitioned->named_parameters()) {
+        EXPECT_EQ(item.value().device(), device()) << item.key();
+      }
+    }
+  }
+}
+
+// A frozen model partitioned by a ZeRO-3 inference engine (DS-Chat's reference and reward models
+// at stage 3) gives the replicated model's logits, with its partitions on the device or, with
+// offload_param, in host memory; after release_gathered_parameters only the small resident
+// parameters are materialised on the device.
+TEST_P(OnDevice, ZeroInferenceEngineScoresLikeTheReplicatedModel) {
+  models::CausalLM eager = load_on("opt-preln", device());
+  torch::Generator generator = at::detail::createCPUGenerator(11);
+  const torch::Tensor ids =
+      torch::randint(3, eager->config().vocab_size, {2, 9}, generator, torch::kInt64).to(device());  // [2, 9]
+  torch::NoGradGuard no_grad;
+  const torch::Tensor expected = eager->forward(ids);  // [2, 9, V]
+  int64_t total_bytes = 0;
+  for (const auto& p : eager->parameters()) total_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  for (bool offload : {false, true}) {
+    SCOPED_TRACE(offload ? "offload_param" : "on the device");
+    auto [model, deferred] = load_deferred("opt-preln", device());
+    for (auto& p : model->parameters()) p.set_requires_grad(false);
+    engine::ZeroInferenceOptions options;
+    options.zero.stage = 3;
+    options.zero.stage3_param_persistence_threshold = 16;
+    if (offload) options.zero.offload_param.device = "cpu";
+    options.deferred = deferred;
+    engine::ZeroInferenceEngine engine(model.ptr(), options);
+    for (int round = 0; round < 2; ++round) {
+      const torch::Tensor got = model->forward(ids);  // [2, 9, V]
+      engine.release_gathered_parameters();
+      EXPECT_LE(testing::max_abs_diff(got, expected), 1e-5);
+    }
+    int64_t on_device = 0;
+    for (const auto& p : model->parameters()) on_device += p.numel() * static_cast<int64_t>(p.element_size());
+    EXPECT_LT(on_device, total_bytes / 50) << "only the resident small parameters stay materialised";
+    // The partitions (a world of one owns everything) plus the resident ones.
+    EXPECT_GE(engine.memory_footprint().parameter_bytes, total_bytes);
+  }
+  auto [trainable, deferred] = load_deferred("opt-preln", device());
+  engine::ZeroInferenceOptions options;
+  options.zero.stage = 3;
+  EXPECT_THROW_WITH(engine::ZeroInferenceEngine(trainable.ptr(), options), core::InvalidArgument,
+                    "requires grad; an inference engine holds a frozen model");
+  options.zero.stage = 2;
+  EXPECT_THROW_WITH(engine::ZeroInferenceEngine(trainable.ptr(), options), core::ConfigError,
+                    "zero_optimization.stage must be 3, got 2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values("cpu", "cuda"),

@@ -6,10 +6,13 @@
 // Rank 0 writes a JSON report: the per-step loss averaged over all micro-batches of all ranks,
 // the engine's byte counts after the last backward and after the last step, the theoretical
 // figures, and a checksum of the final parameters.
+// With --checkpoint the model is loaded from that directory instead (--deferred: a partitioned
+// load, DeepSpeed's zero.Init), and --inference-check also scores a fixed batch with a frozen
+// partitioned copy under a ZeRO-3 inference engine, against an eager replicated copy.
 //
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
 //            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
-//            [--timeout-ms T]
+//            [--timeout-ms T] [--checkpoint DIR [--deferred] [--inference-check]]
 #include <fstream>
 #include <string>
 
@@ -17,7 +20,9 @@
 #include "dschat/core/model_config.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/engine/zero_inference_engine.h"
 #include "dschat/models/causal_lm.h"
+#include "dschat/models/load_save.h"
 #include "../worker_args.h"
 
 namespace {
@@ -40,6 +45,9 @@ struct Args {
   int64_t save_every = 0;
   bool load = false;
   int64_t timeout_ms = 60000;
+  std::string checkpoint;
+  bool deferred = false;
+  bool inference_check = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -60,6 +68,9 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--save-every")) args.save_every = flags.int_value();
     else if (flags.is("--load")) args.load = true;
     else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
+    else if (flags.is("--checkpoint")) args.checkpoint = flags.value();
+    else if (flags.is("--deferred")) args.deferred = true;
+    else if (flags.is("--inference-check")) args.inference_check = true;
     else flags.unknown();
   }
   return args;
@@ -80,6 +91,37 @@ torch::Tensor lm_loss(models::CausalLM& model, const torch::Tensor& ids) {
   return torch::nn::functional::cross_entropy(shifted, targets);
 }
 
+// --inference-check: logits of a fixed batch from a frozen, partitioned (deferred) copy under a
+// ZeRO-3 inference engine, and from an eager replicated copy; the parameter bytes the engine
+// keeps once the forward's gathers are released.
+json inference_check(const Args& args, const std::shared_ptr<dist::Communicator>& communicator, int64_t vocab) {
+  models::LoadOptions load;
+  load.dtype = args.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  models::CausalLM eager = models::load_causal_lm(args.checkpoint, load);
+  auto deferred = std::make_shared<models::DeferredParameters>();
+  load.deferred = deferred.get();
+  models::CausalLM partitioned = models::load_causal_lm(args.checkpoint, load);
+  for (auto& p : partitioned->parameters()) p.set_requires_grad(false);
+  engine::ZeroInferenceOptions options;
+  options.zero.stage = 3;
+  options.zero.stage3_param_persistence_threshold = 64;
+  options.zero.allgather_bucket_size = 5000;
+  if (args.offload) options.zero.offload_param.device = "cpu";
+  options.communicator = communicator;
+  options.deferred = std::move(deferred);
+  engine::ZeroInferenceEngine engine(partitioned.ptr(), std::move(options));
+  const torch::Tensor ids = step_batch(99, vocab).narrow(0, 0, 4);  // [4, T]
+  torch::NoGradGuard no_grad;
+  const torch::Tensor expected = eager->forward(ids);  // [4, T, V]
+  const torch::Tensor got = partitioned->forward(ids);  // [4, T, V]
+  engine.release_gathered_parameters();
+  int64_t eager_bytes = 0;
+  for (const auto& p : eager->parameters()) eager_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return {{"max_abs_diff", (got - expected).abs().max().item<double>()},
+          {"parameters_after_release", engine.memory_footprint().parameter_bytes},
+          {"replicated_parameters", eager_bytes}};
+}
+
 json footprint_json(const engine::MemoryFootprint& bytes) {
   return {{"parameters", bytes.parameter_bytes}, {"gradients", bytes.gradient_bytes},
           {"optimizer", bytes.optimizer_bytes}};
@@ -95,7 +137,20 @@ int run(const Args& args) {
   config.num_hidden_layers = args.layers;
   config.dropout = 0.0;
   torch::manual_seed(rank == 0 ? 7 : 1000 + rank);  // other ranks start elsewhere: the broadcast must fix it
-  models::CausalLM model(config);
+  std::shared_ptr<models::DeferredParameters> deferred;
+  models::CausalLM model = [&] {
+    if (args.checkpoint.empty()) return models::CausalLM(config);
+    models::LoadOptions load;
+    load.dropout = 0.0;
+    if (args.deferred) {
+      deferred = std::make_shared<models::DeferredParameters>();
+      load.deferred = deferred.get();
+    }
+    return models::load_causal_lm(args.checkpoint, load);
+  }();
+  model->train();
+  bool meta_before_engine = true;
+  for (const auto& p : model->parameters()) meta_before_engine = meta_before_engine && p.is_meta();
   if (args.bf16) model->to(torch::kBFloat16);
 
   json ds = {{"train_micro_batch_size_per_gpu", args.micro},
@@ -126,7 +181,9 @@ int run(const Args& args) {
   schedule.num_training_steps = args.steps;
   options.lr_schedule = schedule;
   options.communicator = communicator;
+  options.deferred = std::move(deferred);
   engine::TrainingEngine trainer(model.ptr(), options);
+  const int64_t parameters_after_build = trainer.memory_footprint().parameter_bytes;
 
   int64_t first_step = 0;
   if (args.load) first_step = trainer.load_checkpoint(args.save_dir)["next_step"].get<int64_t>();
@@ -160,23 +217,30 @@ int run(const Args& args) {
   }
 
   // Every rank's byte counts, gathered to rank 0.
+  const json inference = args.inference_check ? inference_check(args, communicator, config.vocab_size) : json();
+  const int64_t inference_bytes = args.inference_check ? inference["parameters_after_release"].get<int64_t>() : 0;
+  constexpr int64_t kFigures = 5;
   torch::Tensor mine = torch::tensor({after_backward["gradients"].get<int64_t>(), after_step["parameters"].get<int64_t>(),
-                                      after_step["optimizer"].get<int64_t>()},
-                                     torch::kInt64);  // [3]
-  torch::Tensor all = torch::empty({world * 3}, torch::kInt64);  // [world * 3]
+                                      after_step["optimizer"].get<int64_t>(), parameters_after_build,
+                                      inference_bytes},
+                                     torch::kInt64);  // [kFigures]
+  torch::Tensor all = torch::empty({world * kFigures}, torch::kInt64);  // [world * kFigures]
   communicator->all_gather_into(all, mine);
   if (rank == 0) {
     json per_rank = json::array();
     for (int64_t r = 0; r < world; ++r) {
-      per_rank.push_back({{"gradients_after_backward", all[r * 3].item<int64_t>()},
-                          {"parameters_after_step", all[r * 3 + 1].item<int64_t>()},
-                          {"optimizer_after_step", all[r * 3 + 2].item<int64_t>()}});
+      per_rank.push_back({{"gradients_after_backward", all[r * kFigures].item<int64_t>()},
+                          {"parameters_after_step", all[r * kFigures + 1].item<int64_t>()},
+                          {"optimizer_after_step", all[r * kFigures + 2].item<int64_t>()},
+                          {"parameters_after_build", all[r * kFigures + 3].item<int64_t>()},
+                          {"inference_parameters_after_release", all[r * kFigures + 4].item<int64_t>()}});
     }
     const engine::MemoryFootprint theory =
         engine::theoretical_footprint(args.stage, num_params, args.bf16 ? 2 : 4, world);
     json report = {{"losses", losses}, {"checksum", checksum}, {"num_params", num_params},
                    {"per_rank", per_rank}, {"theoretical", footprint_json(theory)},
-                   {"global_steps", trainer.global_steps()}};
+                   {"global_steps", trainer.global_steps()}, {"meta_before_engine", meta_before_engine},
+                   {"inference", inference}};
     std::ofstream(args.out) << report.dump(1);
   }
   communicator->barrier();

@@ -10,7 +10,9 @@
 
 #include "dschat/engine/checkpoint_export.h"
 #include "dschat/engine/checkpoint_shards.h"
+#include "dschat/core/model_config.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/models/load_save.h"
 #include "rank_jobs.h"
 #include "test_util.h"
 
@@ -30,6 +32,9 @@ struct Run {
   bool load = false;
   int64_t stop_at = -1;  // an interrupted run: stops after this many of the `steps` scheduled
   bool overlap_comm = false;
+  std::string checkpoint;  // load the model from here (else: built from the fixture's config)
+  bool deferred = false;   // a partitioned load (zero.Init)
+  bool inference_check = false;
 };
 
 json train(const Run& run) {
@@ -43,6 +48,9 @@ json train(const Run& run) {
   if (run.save_every > 0) spec.argv.insert(spec.argv.end(), {"--save-every", std::to_string(run.save_every)});
   if (run.load) spec.argv.push_back("--load");
   if (run.stop_at >= 0) spec.argv.insert(spec.argv.end(), {"--stop-at", std::to_string(run.stop_at)});
+  if (!run.checkpoint.empty()) spec.argv.insert(spec.argv.end(), {"--checkpoint", run.checkpoint});
+  if (run.deferred) spec.argv.push_back("--deferred");
+  if (run.inference_check) spec.argv.push_back("--inference-check");
   spec.world_size = run.world;
   spec.deadline = std::chrono::seconds(120);
   const testing::JobOutcome job = testing::run_rank_job(spec);
@@ -155,6 +163,49 @@ TEST(ZeroMultiprocMemory, EachStagePartitionsWhatItShould) {
     EXPECT_NEAR(rank0["optimizer_after_step"].get<double>() / theory["optimizer"].get<double>(), 1.0, 0.02);
     EXPECT_NEAR(rank0["gradients_after_backward"].get<double>() / theory["gradients"].get<double>(), 1.0, 0.02);
   }
+}
+
+// DeepSpeed's zero.Init: a stage-3 engine over a deferred load (parameters on the meta device,
+// values still in the memory-mapped checkpoint) copies only each rank's partitions. The training
+// trajectory is the eager load's exactly (the same values reach the same partitions), each rank
+// holds about half the parameters from the start, and a frozen partitioned copy under a ZeRO-3
+// inference engine scores like the replicated model and keeps half of it after the forward.
+TEST(ZeroMultiprocInit, PartitionedLoadTrainsLikeAnEagerLoadWithHalfTheParametersPerRank) {
+  testing::TempDir checkpoint;
+  core::ModelConfig config = core::load_model_config(std::string(DSCHAT_TEST_DATA_DIR) + "/opt-preln");
+  config.num_hidden_layers = 4;
+  config.dropout = 0.0;
+  torch::manual_seed(7);
+  models::CausalLM model(config);
+  models::save_causal_lm(model, checkpoint.path());
+  int64_t replicated_bytes = 0;
+  for (const auto& p : model->parameters()) replicated_bytes += p.numel() * 4;
+
+  dschat::Run eager{3, 2, 2, 5};
+  eager.checkpoint = checkpoint.path().string();
+  dschat::Run deferred = eager;
+  deferred.deferred = true;
+  deferred.inference_check = true;
+  const json eager_report = train(eager), deferred_report = train(deferred);
+  ASSERT_FALSE(eager_report.empty());
+  ASSERT_FALSE(deferred_report.empty());
+  EXPECT_FALSE(eager_report.at("meta_before_engine").get<bool>());
+  EXPECT_TRUE(deferred_report.at("meta_before_engine").get<bool>());
+  EXPECT_EQ(deferred_report.at("losses"), eager_report.at("losses"));  // bit for bit
+  EXPECT_EQ(deferred_report.at("checksum"), eager_report.at("checksum"));
+  for (size_t r = 0; r < 2; ++r) {
+    const json& rank = deferred_report.at("per_rank").at(r);
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + rank.dump());
+    EXPECT_EQ(rank.at("parameters_after_build"), eager_report.at("per_rank").at(r).at("parameters_after_build"));
+    // Half, plus the resident small parameters (under 64 elements) and the padding.
+    EXPECT_LT(rank.at("parameters_after_build").get<double>(), 0.55 * replicated_bytes);
+    EXPECT_LT(rank.at("inference_parameters_after_release").get<double>(), 0.55 * replicated_bytes);
+    EXPECT_GT(rank.at("inference_parameters_after_release").get<double>(), 0.45 * replicated_bytes);
+  }
+  const json& inference = deferred_report.at("inference");
+  EXPECT_EQ(inference.at("replicated_parameters").get<int64_t>(), replicated_bytes);
+  // The same weights and the same operations: tolerance only for the gathered buffers' layout.
+  EXPECT_LE(inference.at("max_abs_diff").get<double>(), 1e-6);
 }
 
 TEST(ZeroMultiprocResume, SameWorldIsBitExactAndOtherWorldsAndStagesContinueTheTrajectory) {

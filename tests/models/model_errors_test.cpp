@@ -7,6 +7,7 @@
 #include "dschat/models/load_save.h"
 #include "dschat/io/model_source.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/nn/linear.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -119,6 +120,51 @@ TEST(ModelSource, RandomInitBuildsPresetsWithoutWeights) {
   EXPECT_EQ(logits.sizes(), (torch::IntArrayRef{1, 3, 50272}));
   EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace dschat
+
+namespace dschat {
+namespace {
+
+// Deferred loads (ZeRO-3's zero.Init): the parameters stay on the meta device and the values are
+// recorded; what the checkpoint lacks (a fresh v_head) gets its layer's initialisation on the
+// host; a preset with random weights records the eager random load's values; and a meta model
+// cannot be loaded eagerly.
+TEST(DeferredLoad, RecordsValuesInitialisesWhatIsMissingAndRefusesAnEagerMetaLoad) {
+  models::DeferredParameters deferred;
+  models::LoadOptions load;
+  load.deferred = &deferred;
+  const models::ValueHeadModel critic =
+      models::load_value_model(testing::fixture("opt-preln").string(), load, /*allow_missing_head=*/true);
+  for (const auto& item : critic->named_parameters()) {
+    EXPECT_TRUE(item.value().is_meta()) << item.key();
+    ASSERT_TRUE(deferred.values.count(item.key())) << item.key();
+    EXPECT_EQ(deferred.values.at(item.key()).sizes(), item.value().sizes()) << item.key();
+  }
+  const torch::Tensor head = deferred.values.at("v_head.weight");  // [1, hidden]
+  EXPECT_TRUE(head.device().is_cpu());
+  EXPECT_GT(head.abs().sum().item<double>(), 0.0);
+
+  load.random_init = true;
+  models::DeferredParameters random;
+  load.deferred = &random;
+  torch::manual_seed(3);
+  const models::CausalLM lazy = models::load_causal_lm(testing::fixture("llama-gqa").string(), load);
+  load.deferred = nullptr;
+  torch::manual_seed(3);
+  const models::CausalLM eager = models::load_causal_lm(testing::fixture("llama-gqa").string(), load);
+  for (const auto& item : eager->named_parameters()) {
+    EXPECT_TRUE(torch::equal(random.values.at(item.key()), item.value())) << item.key();
+  }
+
+  models::CausalLM meta_model = [&] {
+    nn::ParameterPlacementScope placement(torch::kMeta, torch::kFloat32);
+    return models::CausalLM(core::load_model_config(testing::fixture("opt-preln").string()));
+  }();
+  EXPECT_THROW_WITH(meta_model->load_weights(io::load_state_dict(testing::fixture("opt-preln")), "the fixture"),
+                    core::InvalidArgument, "is on the meta device, so its value cannot be loaded");
 }
 
 }  // namespace

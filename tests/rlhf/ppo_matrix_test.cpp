@@ -121,10 +121,10 @@ TEST(PpoMatrix, DeepSpeedChatSweepRunsTestModeSteps) {
   for (const MatrixCase& c : matrix()) run_case(dir.path(), c);
 }
 
-// Where step 3's models go: the reference and the reward model on the CPU when offloaded,
-// everything else on the step's device in its dtype. A device is only a value here, so this
+// Where step 3's models go: the reference and the reward model on the CPU when offloaded below
+// stage 3, partitioned at stage 3, everything else on the step's device in its dtype. A device is only a value here, so this
 // checks the GPU placement without a GPU.
-TEST(RlhfPlacement, OffloadedModelsStayOnTheCpuInTheStepsDtype) {
+TEST(RlhfPlacement, OffloadedModelsStayOnTheCpuInTheStepsDtypeOrArePartitionedAtStageThree) {
   rlhf::PpoConfig config;
   const torch::Device gpu(torch::kCUDA, 1);
   const rlhf::RlhfPlacement plain = rlhf::rlhf_placement(config, gpu, torch::kBFloat16);
@@ -143,6 +143,30 @@ TEST(RlhfPlacement, OffloadedModelsStayOnTheCpuInTheStepsDtype) {
   EXPECT_EQ(offloaded.reward.device, torch::Device(torch::kCPU));
   EXPECT_EQ(offloaded.reward.dtype, torch::kFloat16);
   EXPECT_EQ(offloaded.trained.device, gpu);
+  for (const rlhf::ModelPlacement& at : {offloaded.trained, offloaded.reference, offloaded.reward}) {
+    EXPECT_FALSE(at.zero3);
+  }
+  // Stage 3, as DS-Chat's eval engines: the reference follows the actor's stage, the reward model
+  // the critic's; partitioned, they compute on the step's device, and offloading keeps their
+  // partitions in host memory.
+  config.actor.zero_stage = 3;
+  config.critic.zero_stage = 2;
+  rlhf::RlhfPlacement z3 = rlhf::rlhf_placement(config, gpu, torch::kFloat16);
+  EXPECT_TRUE(z3.reference.zero3);
+  EXPECT_TRUE(z3.reference.offload_param);
+  EXPECT_EQ(z3.reference.device, gpu);
+  EXPECT_EQ(z3.reference.dtype, torch::kFloat16);
+  EXPECT_FALSE(z3.reward.zero3);
+  EXPECT_EQ(z3.reward.device, torch::Device(torch::kCPU));
+  config.critic.zero_stage = 3;
+  config.offload_reward_model = false;
+  z3 = rlhf::rlhf_placement(config, gpu, torch::kFloat16);
+  EXPECT_TRUE(z3.reward.zero3);
+  EXPECT_FALSE(z3.reward.offload_param);
+  EXPECT_EQ(z3.reward.device, gpu);
+  config.actor.zero_stage = 0;
+  config.critic.zero_stage = 0;
+  config.offload_reward_model = true;
   // A CPU step: offloading changes nothing.
   const rlhf::RlhfPlacement cpu = rlhf::rlhf_placement(config, torch::kCPU, torch::kFloat32);
   for (const rlhf::ModelPlacement& at : {cpu.trained, cpu.reference, cpu.reward}) {

@@ -85,12 +85,15 @@ TEST(TrainPipeline, TinyRunWritesTheLayoutAndEveryStepLoads) {
   }
 }
 
-TEST(TrainPipelineMultiproc, TwoRanksZeroTwo) {
+// Two ranks, ZeRO-2 and ZeRO-3 mixed: step 1 loads partitioned (zero.Init), step 3's actor too and
+// its reference is partitioned by a ZeRO-3 inference engine, while the stage-2 critic and its
+// reward model are replicated.
+TEST(TrainPipelineMultiproc, TwoRanksZeroTwoAndThree) {
   testing::TempDir tmp;
-  const nlohmann::json zero2 = {{"step1", {{"zero_stage", 2}}},
-                                {"step2", {{"zero_stage", 2}}},
-                                {"step3", {{"actor_zero_stage", 2}, {"critic_zero_stage", 2}}}};
-  const fs::path config = write_config(tmp.path(), zero2);
+  const nlohmann::json stages = {{"step1", {{"zero_stage", 3}}},
+                                 {"step2", {{"zero_stage", 2}}},
+                                 {"step3", {{"actor_zero_stage", 3}, {"critic_zero_stage", 2}}}};
+  const fs::path config = write_config(tmp.path(), stages);
   std::string out;
   ASSERT_EQ(testing::run_command(cli() + " launch --nproc-per-node 2 -- " + cli() + " train --config " +
                                      config.string() + " --no-progress",

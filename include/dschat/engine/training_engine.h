@@ -52,6 +52,7 @@
 #include "dschat/engine/loss_scaler.h"
 #include "dschat/engine/lr_schedule.h"
 #include "dschat/engine/zero_partition.h"
+#include "dschat/models/load_save.h"
 #include "dschat/nn/layer_hooks.h"
 
 namespace dschat {
@@ -68,6 +69,12 @@ struct TrainingEngineOptions {
   /// The data-parallel ranks; null is a world of one. The config's batch sizes must have been
   /// parsed for its world size.
   std::shared_ptr<dist::Communicator> communicator;
+  /// ZeRO-3 partitioned loading (DeepSpeed's zero.Init): the values of a module loaded with
+  /// models::LoadOptions::deferred, whose parameters are on the meta device. The engine puts the
+  /// module on deferred->device and, at stage 3, copies there only this rank's partitions (and
+  /// the small persistent parameters), so a model larger than one device loads; at stages 0-2
+  /// every parameter is materialised whole. Released once the engine is built.
+  std::shared_ptr<const models::DeferredParameters> deferred;
 };
 
 class ZeroOptimizer;

@@ -37,7 +37,8 @@ class CausalLMImpl : public torch::nn::Module {
 
   /// Binds HF checkpoint tensors (also accepts names without the "model." prefix, as old OPT
   /// checkpoints have; a tied "lm_head.weight" is ignored). `source` names the checkpoint in errors.
-  void load_weights(const NamedTensors& weights, const std::string& source);
+  /// `deferred`: see WeightBinding::deferred.
+  void load_weights(const NamedTensors& weights, const std::string& source, NamedTensors* deferred = nullptr);
   /// The HF state dict (tied lm_head omitted, as transformers saves it).
   NamedTensors state_dict() const;
 

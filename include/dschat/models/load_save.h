@@ -15,6 +15,19 @@
 namespace dschat {
 namespace models {
 
+/// What a deferred load (ZeRO stage 3's partitioned load, DeepSpeed's zero.Init) leaves for the
+/// engine that partitions the model: the model's parameters stay on the meta device (shapes and
+/// dtype, no memory), and `values` holds each one's value by parameter name as a host tensor: a
+/// view of the memory-mapped checkpoint, or a fresh host initialisation for a preset with random
+/// weights and for a parameter the checkpoint may lack (a new v_head). engine::TrainingEngine and
+/// engine::ZeroInferenceEngine then copy onto `device` only what their rank keeps, so a model
+/// larger than one GPU loads. Dropping this frees the mapping.
+struct DeferredParameters {
+  torch::Device device = torch::kCPU;         // where the engine puts what it keeps
+  torch::ScalarType dtype = torch::kFloat32;  // the parameters' dtype there
+  NamedTensors values;                        // name -> host tensor of the parameter's shape
+};
+
 struct LoadOptions {
   torch::ScalarType dtype = torch::kFloat32;  // parameters are cast to this after loading
   torch::Device device = torch::kCPU;
@@ -22,6 +35,9 @@ struct LoadOptions {
   /// Overrides every dropout probability of the config (dropout, attention_dropout,
   /// activation_dropout), as DeepSpeed-Chat's --dropout / --actor_dropout do.
   std::optional<double> dropout;
+  /// Set: a deferred load into *deferred (see DeferredParameters); nothing is allocated on
+  /// `device` and the checkpoint is not copied.
+  DeferredParameters* deferred = nullptr;
 };
 
 /// `name_or_path`: directory, HF id in the local cache, short name; with random_init also a

@@ -26,7 +26,9 @@ class ValueHeadModelImpl : public torch::nn::Module {
   /// Binds a DeepSpeed-Chat reward checkpoint ("rwtransformer.*" + "v_head.weight"). With
   /// `allow_missing_head`, a plain causal-LM checkpoint ("model.*", lm_head ignored) initialises
   /// the backbone and v_head keeps its fresh initialisation (how step 2 starts from the SFT model).
-  void load_weights(const NamedTensors& weights, const std::string& source, bool allow_missing_head = false);
+  /// `deferred`: see WeightBinding::deferred.
+  void load_weights(const NamedTensors& weights, const std::string& source, bool allow_missing_head = false,
+                    NamedTensors* deferred = nullptr);
   /// The DeepSpeed-Chat layout: rwtransformer.* and v_head.weight.
   NamedTensors state_dict() const;
 

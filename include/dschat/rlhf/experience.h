@@ -58,12 +58,15 @@ using RewardFunction =
 
 /// A DeepSpeed-Chat reward model as a RewardFunction: its value at each answer's last token
 /// (reward_end_scores). The model is put in eval mode and scores on its own device (the CPU
-/// with offload_reward_model).
-RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id);
+/// with offload_reward_model below ZeRO stage 3). `engine`: the ZeRO-3 inference engine that
+/// partitions it, if any; what its forward gathered is released after each call.
+RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id,
+                                   engine::ZeroInferenceEngine* engine = nullptr);
 
 struct ExperienceSources {
   hybrid::HybridEngine* policy = nullptr;          // required: generates, and scores with its training weights
   models::CausalLM reference{nullptr};              // optional: ref_logprobs
+  engine::ZeroInferenceEngine* reference_engine = nullptr;  // partitions the reference (ZeRO-3); optional
   RewardFunction reward;                            // required
   models::ValueHeadModel critic{nullptr};           // optional: values
   engine::TrainingEngine* critic_engine = nullptr;  // the critic's engine (releases ZeRO-3 gathers); optional

@@ -6,15 +6,21 @@
 //   reward  step-2 model, frozen
 //   ema     step-1 model updated only by the moving average of the actor (enable_ema)
 // Critic and reward start as identical copies of the reward model, v_head included.
-// Placement (rlhf_placement): everything on the step's device in the step's dtype, except the
-// reference with offload_reference_model and the reward model with offload_reward_model, which
-// stay on the CPU (DS-Chat keeps their weights in host memory; here they also compute there), so
-// experience generation moves their inputs and outputs (experience.h).
+// Placement (rlhf_placement): everything on the step's device in the step's dtype. As in DS-Chat,
+// the reference is partitioned by a ZeRO-3 inference engine when the actor's stage is 3, and the
+// reward model when the critic's is (engine/zero_inference_engine.h); offload_reference_model
+// (offload_reward_model) then keeps its partitions in host memory (offload_param), gathered onto
+// the device layer by layer. Below stage 3 an offloaded reference (reward model) stays whole on
+// the CPU and computes there (DeepSpeed ignores offload_param below stage 3, so DS-Chat would
+// keep it on the GPU), and experience generation moves its inputs and outputs (experience.h).
+// Every model of a stage-3 engine is loaded partitioned (DeepSpeed's zero.Init): no rank ever
+// holds more than its partitions of it on the device.
 #include <torch/torch.h>
 
 #include <memory>
 
 #include "dschat/engine/training_engine.h"
+#include "dschat/engine/zero_inference_engine.h"
 #include "dschat/hybrid/hybrid_engine.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/models/value_head.h"
@@ -26,8 +32,10 @@ namespace rlhf {
 
 /// Where a model of step 3 lives and in which dtype.
 struct ModelPlacement {
-  torch::Device device = torch::kCPU;
+  torch::Device device = torch::kCPU;  // where it computes
   torch::ScalarType dtype = torch::kFloat32;
+  bool zero3 = false;          // frozen models: partitioned by a ZeRO-3 inference engine
+  bool offload_param = false;  // zero3: the partitions live in host memory
 };
 
 struct RlhfPlacement {
@@ -38,8 +46,8 @@ struct RlhfPlacement {
 
 /// The placement of step 3's models for a step running on `step_device` in `step_dtype`. An
 /// offloaded model keeps the step's dtype: offloading is about memory, and the scores it gives
-/// are compared with the actor's, which are in that dtype. The EMA is not offloaded (DS-Chat
-/// offloads it with the reference): it is updated every micro-step.
+/// are compared with the actor's, which are in that dtype. The EMA is neither offloaded nor
+/// partitioned (DS-Chat does both as for the reference): it is updated every micro-step.
 RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype);
 
 /// The device of a module's parameters (the first one's; the CPU for a module without any).
@@ -49,9 +57,11 @@ struct RlhfModels {
   RlhfPlacement placement;  // where build_rlhf_models put each model
   std::unique_ptr<hybrid::HybridEngine> actor;
   models::CausalLM ref{nullptr};
+  std::unique_ptr<engine::ZeroInferenceEngine> ref_engine;  // placement.reference.zero3
   models::ValueHeadModel critic{nullptr};
   std::unique_ptr<engine::TrainingEngine> critic_engine;
   models::ValueHeadModel reward{nullptr};
+  std::unique_ptr<engine::ZeroInferenceEngine> reward_engine;  // placement.reward.zero3
   models::CausalLM ema{nullptr};  // null without enable_ema
 };
 

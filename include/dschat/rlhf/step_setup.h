@@ -15,6 +15,7 @@
 #include "dschat/data/prompt_dataset.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/models/load_save.h"
 #include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "dschat/rlhf/step_context.h"
@@ -54,6 +55,24 @@ std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<tor
                                                              const ModelTrainingConfig& model, int64_t micro_batch,
                                                              int64_t total_optimizer_steps, const StepContext& context,
                                                              const std::string& where);
+
+/// A step's TrainingEngine over a module loaded with `deferred` (nullptr: an eager load).
+std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<torch::nn::Module> module,
+                                                             const CommonStepConfig& common,
+                                                             const ModelTrainingConfig& model, int64_t micro_batch,
+                                                             int64_t total_optimizer_steps, const StepContext& context,
+                                                             const std::string& where,
+                                                             std::shared_ptr<const models::DeferredParameters> deferred);
+
+/// ZeRO stage 3 loads partitioned (DeepSpeed's zero.Init, which DeepSpeed-Chat enters for every
+/// model of a stage-3 step): sets load.deferred and returns the values to hand to the model's
+/// engine; other stages load eagerly (nullptr, load unchanged).
+std::shared_ptr<models::DeferredParameters> defer_load_at_stage3(models::LoadOptions& load, int zero_stage);
+
+/// The ZeRO block of DeepSpeed-Chat's get_eval_ds_config at stage 3 (the reference and reward
+/// models of a stage-3 step 3): stage3_param_persistence_threshold 1e4, offload_param cpu when
+/// `offload` (offload_reference_model / offload_reward_model), DeepSpeed's defaults otherwise.
+engine::ZeroConfig eval_zero3_config(bool offload);
 
 /// Optimizer steps of `epochs` epochs of `batches_per_epoch` micro-batches, one step per `gas`.
 int64_t optimizer_steps_for(int64_t epochs, int64_t batches_per_epoch, int64_t gas);
