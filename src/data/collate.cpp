@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dschat/core/device.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -58,6 +59,13 @@ torch::Tensor moved(const torch::Tensor& tensor, const torch::Device& device, bo
   return source.to(torch::TensorOptions().device(device), non_blocking);  // dtype kept
 }
 
+// A host tensor a GPU will read, in pinned memory (the GPU made current on this thread first).
+torch::Tensor pinned_for_gpu(const torch::Tensor& tensor, const torch::Device& device) {
+  if (!tensor.defined() || !device.is_cuda() || !tensor.is_cpu() || tensor.is_pinned()) return tensor;
+  core::set_current_device(device);
+  return tensor.pin_memory();
+}
+
 void check_batch(const TokenizedDataset& dataset, const std::vector<int64_t>& items, PhaseKind kind, const char* what) {
   DSCHAT_CHECK(!items.empty(), InvalidArgument, what, ": empty batch");
   DSCHAT_CHECK(dataset.kind() == kind, InvalidArgument, what, ": the dataset holds phase ",
@@ -78,6 +86,20 @@ RewardBatch RewardBatch::to(const torch::Device& device, bool non_blocking) cons
 
 PromptBatch PromptBatch::to(const torch::Device& device, bool non_blocking) const {
   return PromptBatch{moved(input_ids, device, non_blocking), moved(attention_mask, device, non_blocking)};
+}
+
+SftBatch SftBatch::pinned_for(const torch::Device& device) const {
+  return SftBatch{pinned_for_gpu(input_ids, device), pinned_for_gpu(attention_mask, device),
+                  pinned_for_gpu(labels, device)};
+}
+
+RewardBatch RewardBatch::pinned_for(const torch::Device& device) const {
+  return RewardBatch{pinned_for_gpu(input_ids, device), pinned_for_gpu(attention_mask, device),
+                     pinned_for_gpu(prompt_lengths, device)};
+}
+
+PromptBatch PromptBatch::pinned_for(const torch::Device& device) const {
+  return PromptBatch{pinned_for_gpu(input_ids, device), pinned_for_gpu(attention_mask, device)};
 }
 
 SftBatch collate_sft(const TokenizedDataset& dataset, const std::vector<int64_t>& items, const PadOptions& pad,

@@ -37,6 +37,7 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
                "HybridEngine: lora_fuse_backup must be auto, device or host, got '", backup, "'");
   const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
   training_ = std::make_unique<engine::TrainingEngine>(actor_.ptr(), options_.training);
+  options_.training.deferred.reset();  // a deferred load's checkpoint mapping: the engine has what it keeps
   const int64_t world = training_->world_size();
   DSCHAT_CHECK(he.inference_tp_size == 1 || he.inference_tp_size == world, Unsupported,
                "hybrid_engine.inference_tp_size ", he.inference_tp_size, " with ", world,
@@ -204,14 +205,19 @@ inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::
                                                                    const torch::Tensor& attention_mask,
                                                                    const core::GenerationConfig& config) {
   // The TP group works on one batch: the ranks' prompts are concatenated (left-padded to the
-  // longest), generated together, and each rank keeps its own rows.
+  // longest), generated together, and each rank keeps its own rows. Sampling draws for the joint
+  // batch, so every rank must draw the same tokens: the group samples with rank 0's seed (each
+  // rank's own, e.g. step 3's per-rank seeds, would make the ranks' sequences, and so their
+  // shards' inputs, diverge).
   dist::Communicator& group = *training_->communicator();
   const int64_t world = group.world_size(), rank = group.rank();
   const int64_t batch = input_ids.size(0), tokens = input_ids.size(1);
-  torch::Tensor shape = torch::tensor({batch, tokens}, torch::kInt64);  // [2]
-  torch::Tensor shapes = torch::empty({world * 2}, torch::kInt64);      // [world * 2]
+  torch::Tensor shape = torch::tensor({batch, tokens, static_cast<int64_t>(config.seed)}, torch::kInt64);  // [3]
+  torch::Tensor shapes = torch::empty({world * 3}, torch::kInt64);  // [world * 3]
   group.all_gather_into(shapes, shape);
-  torch::Tensor per_rank = shapes.view({world, 2});  // [world, 2]: (batch, tokens) of each rank
+  torch::Tensor per_rank = shapes.view({world, 3});  // [world, 3]: (batch, tokens, seed) of each rank
+  core::GenerationConfig joint_config = config;
+  joint_config.seed = static_cast<uint64_t>(per_rank[0][2].item<int64_t>());
   DSCHAT_CHECK((per_rank.select(1, 0) == batch).all().item<bool>(), InvalidArgument,
                "hybrid engine: with inference_tp_size > 1 every rank must generate the same number of prompts; "
                "the ranks have ",
@@ -231,7 +237,7 @@ inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::
   all_ids = all_ids.view({world * batch, longest});
   all_mask = all_mask.view({world * batch, longest});
   if (self_check_pending_) run_self_check(all_ids, all_mask);
-  inference::GenerationResult joint = inference_->generate(all_ids, all_mask, config);
+  inference::GenerationResult joint = inference_->generate(all_ids, all_mask, joint_config);
   // This rank's rows without its extra left padding, and without the columns the other ranks'
   // rows went on generating after all of these had stopped (as a generation of its own would).
   const int64_t offset = longest - tokens;

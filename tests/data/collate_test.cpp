@@ -122,6 +122,20 @@ TEST(Collate, BatchesMoveToADevice) {
   // The result is its own struct: replacing one of its fields leaves the original alone.
   partial_moved.input_ids = torch::zeros({1}, torch::kFloat32);
   EXPECT_EQ(partial.input_ids.numel(), 6);
+
+  // pinned_for (on the prefetch thread): a CPU consumer gets the batch itself; a GPU consumer
+  // pinned copies of the same values, which to(gpu, non_blocking) then copies without pinning.
+  const data::SftBatch for_cpu = sft.pinned_for(torch::kCPU);
+  EXPECT_TRUE(for_cpu.input_ids.is_same(sft.input_ids));
+  EXPECT_TRUE(reward.pinned_for(torch::kCPU).prompt_lengths.is_same(reward.prompt_lengths));
+  EXPECT_TRUE(prompts.pinned_for(torch::kCPU).attention_mask.is_same(prompts.attention_mask));
+  EXPECT_FALSE(data::SftBatch{}.pinned_for(torch::kCPU).labels.defined());
+  if (torch::cuda::is_available()) {
+    const data::PromptBatch for_gpu = prompts.pinned_for(torch::Device(torch::kCUDA, 0));
+    EXPECT_TRUE(for_gpu.input_ids.is_pinned());
+    EXPECT_TRUE(torch::equal(for_gpu.input_ids, prompts.input_ids));
+    EXPECT_TRUE(torch::equal(for_gpu.to(torch::Device(torch::kCUDA, 0), true).input_ids.cpu(), prompts.input_ids));
+  }
 }
 
 TEST(Collate, PromptsAreLeftPaddedToExactlyMaxPromptLength) {

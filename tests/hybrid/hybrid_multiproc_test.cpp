@@ -55,6 +55,9 @@ void expect_like_reference(const Run& run, bool compare_after_step = true) {
   for (int r = 0; r < run.world; ++r) {
     const json& report = reports[r];
     EXPECT_TRUE(report["first_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
+    if (report.contains("tp_sampling_agrees")) {
+      EXPECT_TRUE(report["tp_sampling_agrees"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
+    }
     if (report.contains("eos_matches")) {
       EXPECT_TRUE(report["eos_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
     }

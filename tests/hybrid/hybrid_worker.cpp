@@ -148,6 +148,19 @@ int run(const Args& args) {
     report["eos_matches"] = torch::equal(stopped.sequences, stopped_expected.sequences);
   }
 
+  if (args.tp > 1) {
+    // Sampling in a TP group with per-rank seeds (as step 3 passes them) draws with rank 0's, so
+    // it gives what every rank passing rank 0's seed gives; divergent draws would not.
+    core::GenerationConfig sampled = greedy;
+    sampled.do_sample = true;
+    sampled.top_k = 20;
+    sampled.seed = 500 + static_cast<uint64_t>(rank);
+    const torch::Tensor own_seeds = engine.generate(ids, mask, sampled).sequences;  // [2, T + 8]
+    sampled.seed = 500;
+    const torch::Tensor rank0_seed = engine.generate(ids, mask, sampled).sequences;  // [2, T + 8]
+    report["tp_sampling_agrees"] = torch::equal(own_seeds, rank0_seed);
+  }
+
   engine.train();
   report["inference_bytes_after_train"] = engine.inference_bytes();
   torch::Tensor batch = torch::randint(3, config.vocab_size, {2, 10}, generator, torch::kInt64);  // [2, 10]

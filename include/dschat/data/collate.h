@@ -33,6 +33,11 @@ enum class SftLossTokens { kPromptAndAnswer, kAnswerOnly };
 // it), so moving a CPU batch to the CPU copies nothing. With non_blocking, a host tensor bound for
 // a GPU is pinned first (pageable memory would make the copy synchronous) and copied
 // asynchronously on the current stream.
+//
+// Every batch's pinned_for(): for a batch collated on the prefetch thread and consumed by a GPU,
+// a copy whose host tensors are in pinned memory when `device` is CUDA (this thread's current
+// device is set to it first, so the pinned blocks belong to that GPU's context), the batch itself
+// otherwise. The trainer thread's to(device, true) then only queues the copies.
 
 struct SftBatch {
   torch::Tensor input_ids;       // [B, T] int64
@@ -40,6 +45,7 @@ struct SftBatch {
   torch::Tensor labels;          // [B, T] int64: ids where counted, -100 elsewhere
 
   SftBatch to(const torch::Device& device, bool non_blocking = false) const;
+  SftBatch pinned_for(const torch::Device& device) const;
 };
 
 struct RewardBatch {
@@ -51,6 +57,7 @@ struct RewardBatch {
   torch::Tensor prompt_lengths;  // [B] int64: tokens of pair i's prompt (rows i and B+i share it)
 
   RewardBatch to(const torch::Device& device, bool non_blocking = false) const;
+  RewardBatch pinned_for(const torch::Device& device) const;
 };
 
 struct PromptBatch {
@@ -58,6 +65,7 @@ struct PromptBatch {
   torch::Tensor attention_mask;  // [B, P] int64
 
   PromptBatch to(const torch::Device& device, bool non_blocking = false) const;
+  PromptBatch pinned_for(const torch::Device& device) const;
 };
 
 struct PadOptions {
