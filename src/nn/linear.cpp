@@ -40,7 +40,10 @@ void LinearImpl::reset_parameters() {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);  // [..., out]
+  // ATen's linear (what torch.nn.functional.linear calls): a contiguous [B, T, in] input takes
+  // one addmm with the bias fused; LibTorch's functional::linear runs matmul, then adds the bias
+  // in a second pass over the output.
+  torch::Tensor y = at::linear(x, weight, bias);  // [..., out]
   if (!has_lora() || lora_fused()) return y;
   // Same operation order as LinearLayer_LoRA.forward, so results match it to rounding.
   const double p = lora_options_->lora_dropout();

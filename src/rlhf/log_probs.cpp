@@ -12,7 +12,9 @@ torch::Tensor gather_log_probs(const torch::Tensor& logits, const torch::Tensor&
                    logits.size(0) == labels.size(0) && logits.size(1) == labels.size(1),
                InvalidArgument, "gather_log_probs: expected logits [B, L, V] and labels [B, L], got ",
                shape_of(logits), " and ", shape_of(labels));
-  torch::Tensor log_probs = torch::log_softmax(logits.slice(1, 0, -1).to(torch::kFloat32), -1);  // [B, L-1, V]
+  // Over every position, then sliced: the rows are the same rows (the same bits as DS-Chat's
+  // log_softmax(logits[:, :-1])), without first copying the strided slice, a [B, L-1, V] buffer.
+  torch::Tensor log_probs = torch::log_softmax(logits.to(torch::kFloat32), -1).slice(1, 0, -1);  // [B, L-1, V]
   return log_probs.gather(-1, labels.slice(1, 1).unsqueeze(-1)).squeeze(-1);                     // [B, L-1]
 }
 
