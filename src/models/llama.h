@@ -5,6 +5,7 @@
 
 #include "dschat/models/backbone.h"
 #include "dschat/nn/attention.h"
+#include "dschat/nn/embedding.h"
 #include "dschat/nn/linear.h"
 #include "dschat/nn/rms_norm.h"
 #include "dschat/nn/rotary.h"
@@ -50,7 +51,7 @@ class LlamaModel : public Backbone {
   torch::Tensor embedding_weight() override { return embed_tokens->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> decoder_layers() override { return layers->children(); }
 
-  torch::nn::Embedding embed_tokens{nullptr};  // [V, H]
+  nn::Embedding embed_tokens{nullptr};  // [V, H]
   torch::nn::ModuleList layers{nullptr};
   nn::RmsNorm norm{nullptr};
 

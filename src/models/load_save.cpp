@@ -101,7 +101,7 @@ ModelHolder build_deferred(const Source& source, const std::string& name_or_path
     nn::ParameterPlacementScope placement(torch::kMeta, options.dtype);
     return ModelHolder(source.config);
   }();
-  for (auto& param : model->parameters()) {  // LibTorch's Embedding and LayerNorm, built on the host
+  for (auto& param : model->parameters()) {  // a module that allocated outside the scope
     if (!param.is_meta()) core::rebind_parameter_data(param, meta_like(param, options.dtype));
   }
   load(model, io::load_state_dict(source.dir), source.dir.string(), &deferred.values);
@@ -124,9 +124,9 @@ ModelHolder build(const std::string& name_or_path, const LoadOptions& options, L
     model->to(options.device, options.dtype);
     return finish(model, source, name_or_path);
   }
-  // The projections (nearly all the weights) are allocated on their device in their dtype; the
-  // embeddings and LayerNorms follow; then the checkpoint's memory-mapped tensors are copied into
-  // them one by one, so no host copy of the model is made on the way to the device.
+  // Every parameter is allocated on its device in its dtype (dschat's layers follow the placement
+  // scope); then the checkpoint's memory-mapped tensors are copied into them one by one, so no
+  // host copy of the model is made on the way to the device.
   ModelHolder model = [&] {
     nn::ParameterPlacementScope placement(options.device, options.dtype);
     return ModelHolder(source.config);

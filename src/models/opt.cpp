@@ -11,10 +11,9 @@ namespace {
 constexpr int64_t kPositionOffset = 2;  // OPT's learned positions start at index 2
 constexpr double kLayerNormEps = 1e-5;
 
-torch::nn::LayerNorm make_layer_norm(const core::ModelConfig& config) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size})
-                                  .eps(kLayerNormEps)
-                                  .elementwise_affine(config.layer_norm_elementwise_affine));
+nn::LayerNorm make_layer_norm(const core::ModelConfig& config) {
+  return nn::LayerNorm(
+      nn::LayerNormOptions(config.hidden_size).eps(kLayerNormEps).elementwise_affine(config.layer_norm_elementwise_affine));
 }
 
 ops::Activation op_activation(nn::Activation activation) {
@@ -28,7 +27,7 @@ ops::Activation op_activation(nn::Activation activation) {
 }
 
 // LayerNorm(x + bias + residual) with `norm`'s parameters, and the sum, in one op.
-ops::ResidualNormOutput add_and_norm(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
+ops::ResidualNormOutput add_and_norm(const nn::LayerNorm& norm, const torch::Tensor& x,
                                      const torch::Tensor& bias, const torch::Tensor& residual) {
   return ops::bias_residual_layer_norm(x, bias, residual, norm->weight, norm->bias, norm->options.eps());
 }
@@ -93,9 +92,9 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::Att
 
 OptDecoderImpl::OptDecoderImpl(const core::ModelConfig& config) {
   const int64_t e = config.word_embed_proj_dim, h = config.hidden_size;
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, e));
+  embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, e));
   embed_positions =
-      register_module("embed_positions", torch::nn::Embedding(config.max_position_embeddings + kPositionOffset, h));
+      register_module("embed_positions", nn::Embedding(config.max_position_embeddings + kPositionOffset, h));
   if (e != h) {
     project_out = register_module("project_out", nn::Linear(nn::LinearOptions(h, e).bias(false)));
     project_in = register_module("project_in", nn::Linear(nn::LinearOptions(e, h).bias(false)));

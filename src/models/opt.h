@@ -5,6 +5,7 @@
 
 #include "dschat/models/backbone.h"
 #include "dschat/nn/attention.h"
+#include "dschat/nn/embedding.h"
 #include "dschat/nn/linear.h"
 #include "dschat/nn/tensor_parallel.h"
 
@@ -18,7 +19,7 @@ class OptDecoderLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer, nn::KvCache* cache);
 
   nn::Attention self_attn{nullptr};
-  torch::nn::LayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
+  nn::LayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
   nn::Linear fc1{nullptr}, fc2{nullptr};
 
  private:
@@ -32,10 +33,10 @@ class OptDecoderImpl : public torch::nn::Module {
  public:
   explicit OptDecoderImpl(const core::ModelConfig& config);
 
-  torch::nn::Embedding embed_tokens{nullptr};     // [V, E]
-  torch::nn::Embedding embed_positions{nullptr};  // [max_positions + 2, H]
+  nn::Embedding embed_tokens{nullptr};     // [V, E]
+  nn::Embedding embed_positions{nullptr};  // [max_positions + 2, H]
   nn::Linear project_in{nullptr}, project_out{nullptr};  // E -> H, H -> E (when E != H)
-  torch::nn::LayerNorm final_layer_norm{nullptr};        // pre-LN models only
+  nn::LayerNorm final_layer_norm{nullptr};        // pre-LN models only
   torch::nn::ModuleList layers{nullptr};
 };
 TORCH_MODULE(OptDecoder);

@@ -17,8 +17,7 @@ namespace nn {
 /// Where dschat's own layers (Linear, RmsNorm) allocate their parameters while a scope is alive on
 /// this thread. models::load_causal_lm builds a model inside one, so the weights a checkpoint then
 /// overwrites are allocated (and initialised) straight on their device, in their dtype, with no
-/// host copy of the model first. LibTorch's own modules (Embedding, LayerNorm) still allocate on
-/// the CPU in float32; the loader moves them afterwards.
+/// host copy of the model first (dschat's Embedding and LayerNorm do the same, nn/embedding.h).
 class ParameterPlacementScope {
  public:
   ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype);
