@@ -8,10 +8,12 @@
 #include <limits>
 #include <iostream>
 
+#include "dschat/core/host_memory.h"
 #include "dschat/core/dtype.h"
 #include "dschat/models/load_save.h"
 
 int main(int argc, char** argv) {
+  dschat::core::retain_freed_host_memory();  // as the dschat CLI runs
   CLI::App app{"dschat forward throughput"};
   std::string model = "opt-125m", init = "random", dtype = "fp32", device = "cpu";
   int64_t batch = 4, seq = 128, iters = 5, warmup = 2, threads = 0, seed = 1234;

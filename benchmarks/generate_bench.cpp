@@ -25,6 +25,7 @@
 #include <iostream>
 
 #include "bench_util.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
 #include "dschat/inference/inference_engine.h"
@@ -171,6 +172,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dschat::core::retain_freed_host_memory();  // as the dschat CLI runs
   CLI::App app{"dschat generation benchmark against transformers"};
   Options o;
   app.add_option("--preset", o.preset, "Model shape (a preset name), random weights")->capture_default_str();

@@ -29,6 +29,7 @@
 #include <iostream>
 
 #include "bench_util.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
 #include "dschat/models/load_save.h"
 #include "dschat/rlhf/pipeline_config.h"
@@ -188,6 +189,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dschat::core::retain_freed_host_memory();  // as the dschat CLI runs
   CLI::App app{"dschat step-3 (PPO) benchmark against transformers + PyTorch"};
   Options o;
   app.add_option("--actor", o.actor, "Actor / reference shape (a preset), random weights")->capture_default_str();

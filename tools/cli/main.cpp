@@ -4,9 +4,11 @@
 
 #include "commands.h"
 #include "dschat/core/error.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/rlhf/step_context.h"
 
 int main(int argc, char** argv) {
+  dschat::core::retain_freed_host_memory();  // training loops reuse their large host blocks
   CLI::App app{"dschat: DeepSpeed-Chat in C++ (SFT, reward model, PPO on LibTorch)", "dschat"};
   app.require_subcommand(1);
   dschat::cli::add_info_command(app);
