@@ -1,5 +1,6 @@
 #include "dschat/engine/checkpoint_shards.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "io/sha256.h"
@@ -29,6 +30,27 @@ std::string latest_checkpoint_tag(const fs::path& dir) {
   DSCHAT_CHECK(latest && std::getline(latest, tag) && !tag.empty(), NotFound, (dir / "latest").string(),
                ": no checkpoint (the file naming the latest tag is missing)");
   return tag;
+}
+
+std::vector<CheckpointTag> list_checkpoint_tags(const fs::path& dir) {
+  std::vector<CheckpointTag> tags;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return tags;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.' || !entry.is_directory() || !fs::exists(entry.path() / "manifest.json")) continue;
+    CheckpointTag tag{name, -1};
+    try {
+      tag.global_steps = read_json(entry.path() / "engine.json").value("global_steps", int64_t{-1});
+    } catch (const std::exception&) {
+      // unreadable: ordered first, so retention removes it before any readable tag
+    }
+    tags.push_back(tag);
+  }
+  std::sort(tags.begin(), tags.end(), [](const CheckpointTag& a, const CheckpointTag& b) {
+    return a.global_steps != b.global_steps ? a.global_steps < b.global_steps : a.tag < b.tag;
+  });
+  return tags;
 }
 
 CheckpointShards CheckpointShards::open(const fs::path& tag_dir) {

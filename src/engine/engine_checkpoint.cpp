@@ -11,6 +11,7 @@
 #include "dschat/io/state_dict.h"
 #include "dschat/nn/linear.h"
 #include "engine/zero_optimizer.h"
+#include "engine/checkpoint_testing.h"
 #include "io/atomic_file.h"
 
 namespace dschat {
@@ -38,7 +39,40 @@ torch::Tensor cpu_rng_state() {
   return generator.get_state();  // [5056] uint8: the MT19937 state and the normal cache
 }
 
+int64_t free_bytes_for_testing = -1;
+
+// Collective, before anything is written: the checkpoint's bytes (every rank's tensors, summed)
+// against the free space of `dir`'s file system, as rank 0 sees it; every rank throws the same
+// core::IoError when they do not fit. Creates `dir`.
+void check_free_space(const fs::path& dir, const std::string& tag, const io::TensorMap& tensors,
+                      dist::Communicator* communicator) {
+  double mine = 64 * 1024;  // the JSON files, generously
+  for (const auto& [name, tensor] : tensors) mine += static_cast<double>(tensor.nbytes());
+  torch::Tensor figures = torch::tensor({mine, 0.0}, torch::kFloat64);  // [2]: needed, free
+  if (communicator) communicator->all_reduce(figures, dist::ReduceOp::Sum);
+  const bool rank0 = communicator == nullptr || communicator->rank() == 0;
+  if (rank0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    DSCHAT_CHECK(!ec, IoError, dir.string(), ": cannot create (", ec.message(), ")");
+    const fs::space_info space = fs::space(dir, ec);
+    const double available = free_bytes_for_testing >= 0 ? static_cast<double>(free_bytes_for_testing)
+                             : ec ? -1.0 : static_cast<double>(space.available);
+    figures[1] = available;
+  }
+  if (communicator) communicator->broadcast(figures, 0);
+  const double needed = figures[0].item<double>(), available = figures[1].item<double>();
+  DSCHAT_CHECK(available < 0 || needed <= available, IoError, dir.string(), ": not enough free space for checkpoint ",
+               tag, ": it needs ", static_cast<int64_t>(needed), " bytes and ", static_cast<int64_t>(available),
+               " are free (nothing was written; the previous checkpoints are intact; older tags are deleted only "
+               "after a newer one is complete: lower keep_checkpoints or free space)");
+}
+
 }  // namespace
+
+namespace testing {
+void set_checkpoint_free_bytes(int64_t bytes) { free_bytes_for_testing = bytes; }
+}  // namespace testing
 
 void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const json& client_state) {
   DSCHAT_CHECK(micro_steps_ % options_.config.gradient_accumulation_steps == 0, InvalidArgument,
@@ -51,17 +85,6 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
   auto barrier = [&] {
     if (communicator) communicator->barrier();
   };
-  const fs::path staging = dir / (".tmp-" + tag);  // the same name on every rank
-  if (rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    DSCHAT_CHECK(!ec, IoError, dir.string(), ": cannot create (", ec.message(), ")");
-    io::remove_directory_tree(staging);  // left by a save that died
-    fs::create_directories(staging, ec);
-    DSCHAT_CHECK(!ec, IoError, staging.string(), ": cannot create (", ec.message(), ")");
-  }
-  barrier();
-
   // This rank's pieces. Stage 0 replicates everything, so rank 0 alone writes its groups.
   io::TensorMap tensors;
   json pieces = json::object();
@@ -110,6 +133,16 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
     for (const auto& item : module_->named_buffers()) tensors["buffer." + item.key()] = item.value().detach().cpu();
   }
   tensors["rng.cpu"] = cpu_rng_state();
+  check_free_space(dir, tag, tensors, communicator);
+
+  const fs::path staging = dir / (".tmp-" + tag);  // the same name on every rank
+  if (rank() == 0) {
+    std::error_code ec;
+    io::remove_directory_tree(staging);  // left by a save that died
+    fs::create_directories(staging, ec);
+    DSCHAT_CHECK(!ec, IoError, staging.string(), ": cannot create (", ec.message(), ")");
+  }
+  barrier();
   const std::string stem = "rank" + std::to_string(rank());
   io::save_safetensors(staging / (stem + ".safetensors"), tensors);
   io::write_file_atomically(staging / (stem + ".json"), json{{"rank", rank()}, {"pieces", pieces}}.dump(1));

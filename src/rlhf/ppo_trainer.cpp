@@ -42,14 +42,6 @@ std::vector<std::string> decode_answers(const torch::Tensor& seq, int64_t prompt
 }
 
 // Removes every "global_step*" entry of `dir` except `keep` (the checkpoints of earlier steps).
-void prune_checkpoints(const fs::path& dir, const std::string& keep) {
-  if (!fs::exists(dir)) return;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("global_step", 0) == 0 && name != keep) io::remove_directory_tree(entry.path());
-  }
-}
-
 // What a PPO step knows on the host when it ends; its statistics wait in the PpoStatsQueue.
 struct PendingPpoStep {
   int64_t epoch = 0, step = 0;
@@ -196,6 +188,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
 
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   const fs::path ckpt = runner.checkpoint_dir();
+  runner.set_checkpoint_parts({"actor", "critic", "ema"});  // the actor's tags decide retention
 
   PpoResult result;
   int64_t start_epoch = 0, skip_batches = 0, step = 0;
@@ -342,9 +335,6 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                                 {"step_rewards", result.step_rewards},
                                 {"skipped_batches", result.skipped_batches}};
         models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state);
-        if (rank == 0) {
-          for (const char* part : {"actor", "critic", "ema"}) prune_checkpoints(ckpt / part, tag);
-        }
       });
       if (stop_test_mode) break;
     }

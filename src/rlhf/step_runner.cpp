@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "rlhf/step_runner_testing.h"
+#include "dschat/engine/checkpoint_shards.h"
 #include "dschat/rlhf/step_setup.h"
 
 namespace dschat {
@@ -45,10 +46,35 @@ bool StepRunner::can_resume(const std::string& part) const {
   return fs::exists((part.empty() ? checkpoint_dir_ : checkpoint_dir_ / part) / "latest");
 }
 
+void StepRunner::set_checkpoint_parts(std::vector<std::string> parts) {
+  DSCHAT_CHECK(!parts.empty(), InvalidArgument, name_, ": a checkpoint needs at least one part");
+  parts_ = std::move(parts);
+}
+
+void StepRunner::retain_checkpoints() {
+  const int64_t keep = common_.keep_checkpoints;
+  if (keep > 0 && context_rank(context_) == 0) {
+    const fs::path primary = parts_.front().empty() ? checkpoint_dir_ : checkpoint_dir_ / parts_.front();
+    const std::vector<engine::CheckpointTag> tags = engine::list_checkpoint_tags(primary);  // oldest first
+    std::string latest;
+    if (fs::exists(primary / "latest")) latest = engine::latest_checkpoint_tag(primary);
+    const size_t first_kept = tags.size() > static_cast<size_t>(keep) ? tags.size() - static_cast<size_t>(keep) : 0;
+    for (size_t i = 0; i < first_kept; ++i) {
+      if (tags[i].tag == latest) continue;
+      for (const std::string& part : parts_) {
+        io::remove_directory_tree((part.empty() ? checkpoint_dir_ : checkpoint_dir_ / part) / tags[i].tag);
+      }
+      core::log_debug(name_, ": removed checkpoint ", tags[i].tag, " (keep_checkpoints ", keep, ")");
+    }
+  }
+  if (context_.communicator) context_.communicator->barrier();
+}
+
 void StepRunner::after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save_now) {
   const auto save = [&] {
     core::HostSync sync("checkpoint");
     save_now();
+    retain_checkpoints();
   };
   if (context_.stopping()) {
     core::log_warn(name_, ": stop requested; saving a checkpoint at optimizer step ", optimizer_steps);

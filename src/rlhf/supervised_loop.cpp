@@ -190,6 +190,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
       core::HostSync sync("checkpoint");
       engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch + 1, 0));
+      runner.retain_checkpoints();
     }
   }
   progress.finish();

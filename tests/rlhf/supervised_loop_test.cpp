@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "dschat/data/sampler.h"
+#include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/load_save.h"
 #include "dschat/rlhf/sft_loss.h"
 #include "dschat/rlhf/supervised_loop.h"
+#include "engine/checkpoint_testing.h"
 #include "rlhf/step_runner_testing.h"
 #include "test_util.h"
 
@@ -64,6 +66,7 @@ const char* point_name(EvaluationPoint point) {
 
 struct RunOptions {
   int64_t checkpoint_interval = 0;
+  int64_t keep_checkpoints = 2;
   int64_t eval_interval = 0;
   int64_t progress_interval = 1;  // also how often the loop reads the losses from the device
   bool perturb = false;          // shift every parameter first: only a checkpoint can undo it
@@ -96,6 +99,7 @@ class SupervisedLoopTest : public ::testing::Test {
 
     rlhf::CommonStepConfig common;
     common.checkpoint_interval = options.checkpoint_interval;
+    common.keep_checkpoints = options.keep_checkpoints;
     rlhf::StepContext context;
     context.progress = false;
     rlhf::StepRunner runner("toy step", tmp_ / name, common, context);
@@ -243,6 +247,60 @@ TEST_F(SupervisedLoopTest, ReadingTheLossesEveryThirdStepReportsWhatReadingEvery
   for (size_t e = 0; e < a.epochs.size(); ++e) EXPECT_EQ(b.epochs[e].mean_loss, a.epochs[e].mean_loss) << e;
   EXPECT_EQ(b.losses, a.losses);
   for (const auto& [name, value] : a.parameters) EXPECT_TRUE(torch::equal(b.parameters.at(name), value)) << name;
+}
+
+// Retention: checkpoints after every step, the run killed after step 4. keep_checkpoints 2 leaves
+// exactly the two newest tags (the one `latest` names among them), 0 leaves all four, 1 the newest.
+TEST_F(SupervisedLoopTest, RetentionKeepsExactlyTheNewestTags) {
+  auto tags_of = [](const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const engine::CheckpointTag& tag : engine::list_checkpoint_tags(dir)) names.push_back(tag.tag);
+    return names;
+  };
+  const std::vector<std::pair<int64_t, std::vector<std::string>>> cases = {
+      {2, {"global_step3", "global_step4"}},
+      {0, {"global_step1", "global_step2", "global_step3", "global_step4"}},
+      {1, {"global_step4"}}};
+  for (const auto& [keep, expected] : cases) {
+    RunOptions options;
+    options.checkpoint_interval = 1;
+    options.keep_checkpoints = keep;
+    const std::string name = "keep" + std::to_string(keep);
+    {
+      CrashAfter crash(4);
+      EXPECT_THROW(run(name, options), rlhf::Interrupted);
+    }
+    EXPECT_EQ(tags_of(checkpoints(name)), expected) << "keep_checkpoints " << keep;
+    EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints(name)), "global_step4");
+  }
+  // What is kept resumes: the run finishes as an uninterrupted one does.
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  const Record resumed = run("keep2", options);
+  ASSERT_TRUE(resumed.resumed.has_value());
+  EXPECT_EQ(resumed.global_steps, 5);
+}
+
+// A save that does not fit the free space fails before writing anything, naming the bytes; the
+// previous tags and `latest` are untouched, and no staging directory is left.
+TEST_F(SupervisedLoopTest, ASaveThatDoesNotFitFailsBeforeWritingAnything) {
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  {
+    CrashAfter crash(2);
+    EXPECT_THROW(run("full", options), rlhf::Interrupted);
+  }
+  struct FreeBytes {
+    explicit FreeBytes(int64_t bytes) { engine::testing::set_checkpoint_free_bytes(bytes); }
+    ~FreeBytes() { engine::testing::set_checkpoint_free_bytes(-1); }
+  } disk_full(1000);
+  EXPECT_THROW_WITH(run("full", options), core::IoError,
+                    "not enough free space for checkpoint global_step3: it needs ");
+  std::vector<std::string> names;
+  for (const engine::CheckpointTag& tag : engine::list_checkpoint_tags(checkpoints("full"))) names.push_back(tag.tag);
+  EXPECT_EQ(names, (std::vector<std::string>{"global_step1", "global_step2"}));
+  EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints("full")), "global_step2");
+  EXPECT_FALSE(fs::exists(checkpoints("full") / ".tmp-global_step3"));
 }
 
 TEST_F(SupervisedLoopTest, AStoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {

@@ -36,6 +36,16 @@ constexpr int kCheckpointVersion = 2;
 /// The tag <dir>/latest names. Throws core::NotFound when there is none.
 std::string latest_checkpoint_tag(const std::filesystem::path& dir);
 
+/// A finished checkpoint tag of a directory.
+struct CheckpointTag {
+  std::string tag;
+  int64_t global_steps = -1;  // engine.json's (-1 when it cannot be read)
+};
+/// The finished tags of `dir` (directories with a manifest.json, which a save writes last; not a
+/// save's ".tmp-"/".old-" directories), oldest first: by global steps, then by name. Empty when
+/// `dir` does not exist.
+std::vector<CheckpointTag> list_checkpoint_tags(const std::filesystem::path& dir);
+
 class CheckpointShards {
  public:
   struct ParamInfo {

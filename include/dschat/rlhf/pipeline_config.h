@@ -73,6 +73,9 @@ struct CommonStepConfig {
   std::string tensorboard_path;  // "" : <output_dir>/tensorboard
   /// Ours: optimizer steps between resumable checkpoints (0: only at the end of each epoch).
   int64_t checkpoint_interval = 0;
+  /// Ours: how many checkpoint tags to keep, newest first (0: all). Older ones are deleted after
+  /// a newer one is complete; the one `latest` names is never deleted.
+  int64_t keep_checkpoints = 2;
   /// Ours: print a progress line every this many optimizer steps (DS-Chat: every step).
   int64_t print_interval = 1;
 };

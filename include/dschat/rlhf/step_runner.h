@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,8 +43,16 @@ class StepRunner {
 
   /// Call after every optimizer step with the number of optimizer steps taken so far and a
   /// function that saves a checkpoint (collective). Saves every checkpoint_interval steps; on a
-  /// stop request saves and throws Interrupted.
+  /// stop request saves and throws Interrupted. Retention (retain_checkpoints) follows each save.
   void after_optimizer_step(int64_t optimizer_steps, const std::function<void()>& save);
+
+  /// The sub-directories of checkpoint_dir() a step's checkpoint spans, the first an engine's
+  /// (its tags decide); default {""}: checkpoint_dir() itself. Step 3: {"actor", "critic", "ema"}.
+  void set_checkpoint_parts(std::vector<std::string> parts);
+  /// Collective, after a save has completed: keeps the newest common.keep_checkpoints tags (0:
+  /// all) of the first part, the one its `latest` names always among them, and deletes the other
+  /// tags from every part (rank 0 deletes, then a barrier).
+  void retain_checkpoints();
 
   /// Removes the checkpoints once the model and its summary are in place (rank 0; collective).
   void finish();
@@ -54,6 +63,7 @@ class StepRunner {
   std::filesystem::path log_dir_;
   CommonStepConfig common_;
   const StepContext& context_;
+  std::vector<std::string> parts_{""};
 };
 
 }  // namespace rlhf
