@@ -38,7 +38,11 @@ std::vector<CheckpointTag> list_checkpoint_tags(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) return tags;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.' || !entry.is_directory() || !fs::exists(entry.path() / "manifest.json")) continue;
+    const bool aside = name.size() > 8 && name.compare(name.size() - 8, 8, ".corrupt") == 0;
+    if (name.empty() || name[0] == '.' || aside || !entry.is_directory() ||
+        !fs::exists(entry.path() / "manifest.json")) {
+      continue;
+    }
     CheckpointTag tag{name, -1};
     try {
       tag.global_steps = read_json(entry.path() / "engine.json").value("global_steps", int64_t{-1});
@@ -51,6 +55,43 @@ std::vector<CheckpointTag> list_checkpoint_tags(const fs::path& dir) {
     return a.global_steps != b.global_steps ? a.global_steps < b.global_steps : a.tag < b.tag;
   });
   return tags;
+}
+
+std::vector<CheckpointStatus> inspect_checkpoints(const fs::path& dir, bool checksums) {
+  std::error_code ec;
+  DSCHAT_CHECK(fs::is_directory(dir, ec), NotFound, dir.string(), ": no such checkpoint directory");
+  std::string latest;
+  if (fs::exists(dir / "latest")) latest = latest_checkpoint_tag(dir);
+  std::vector<CheckpointStatus> statuses;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.' || !entry.is_directory()) continue;
+    CheckpointStatus status;
+    status.tag = name;
+    status.latest = name == latest;
+    for (const auto& file : fs::directory_iterator(entry.path())) {
+      if (file.is_regular_file()) status.bytes += static_cast<int64_t>(file.file_size());
+    }
+    try {
+      status.global_steps = read_json(entry.path() / "engine.json").value("global_steps", int64_t{-1});
+      const json manifest = read_json(entry.path() / "manifest.json");
+      for (const auto& [file, listed] : manifest.at("files").items()) {
+        const fs::path path = entry.path() / file;
+        DSCHAT_CHECK(fs::exists(path), FormatError, path.string(), ": listed in the manifest but missing");
+        const int64_t size = static_cast<int64_t>(fs::file_size(path)), expected = listed.value("bytes", int64_t{-1});
+        DSCHAT_CHECK(size == expected, FormatError, path.string(), ": ", size, " bytes, the manifest says ", expected,
+                     " (truncated or modified)");
+      }
+      if (checksums) CheckpointShards::open(entry.path());
+    } catch (const std::exception& e) {
+      status.fault = e.what();
+    }
+    statuses.push_back(status);
+  }
+  std::sort(statuses.begin(), statuses.end(), [](const CheckpointStatus& a, const CheckpointStatus& b) {
+    return a.global_steps != b.global_steps ? a.global_steps > b.global_steps : a.tag > b.tag;
+  });
+  return statuses;
 }
 
 CheckpointShards CheckpointShards::open(const fs::path& tag_dir) {

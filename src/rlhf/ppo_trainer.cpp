@@ -193,7 +193,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   PpoResult result;
   int64_t start_epoch = 0, skip_batches = 0, step = 0;
   bool have_reward_ema = false;
-  if (runner.can_resume("actor")) {
+  if (runner.prepare_resume()) {
     engine::TrainingEngine& actor_engine = models.actor->training_engine();
     const nlohmann::json state = actor_engine.load_checkpoint(ckpt / "actor");
     const std::string tag = state.at("tag").get<std::string>();

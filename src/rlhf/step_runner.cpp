@@ -1,6 +1,7 @@
 #include "dschat/core/host_sync.h"
 #include "dschat/rlhf/step_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 
@@ -49,6 +50,74 @@ bool StepRunner::can_resume(const std::string& part) const {
 void StepRunner::set_checkpoint_parts(std::vector<std::string> parts) {
   DSCHAT_CHECK(!parts.empty(), InvalidArgument, name_, ": a checkpoint needs at least one part");
   parts_ = std::move(parts);
+}
+
+namespace {
+
+// Why `tag` cannot be resumed from in `part_dir`, or "" when it can: an engine checkpoint (it has
+// an engine.json or a manifest.json) must match its manifest; another part (step 3's EMA
+// weights) must exist.
+std::string tag_fault(const fs::path& part_dir, const std::string& tag, bool engine_part) {
+  const fs::path dir = part_dir / tag;
+  if (!fs::is_directory(dir)) return dir.string() + ": missing";
+  if (!engine_part) return "";
+  try {
+    engine::CheckpointShards::open(dir);
+  } catch (const std::exception& e) {  // core::Error, or a malformed file's parse error
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+bool StepRunner::prepare_resume() {
+  const auto part_dir = [&](const std::string& part) { return part.empty() ? checkpoint_dir_ : checkpoint_dir_ / part; };
+  const fs::path primary = part_dir(parts_.front());
+  if (context_rank(context_) == 0 && fs::exists(primary)) {
+    std::vector<std::string> candidates;
+    if (fs::exists(primary / "latest")) candidates.push_back(engine::latest_checkpoint_tag(primary));
+    const std::vector<engine::CheckpointTag> tags = engine::list_checkpoint_tags(primary);
+    for (auto it = tags.rbegin(); it != tags.rend(); ++it) {
+      if (std::find(candidates.begin(), candidates.end(), it->tag) == candidates.end()) candidates.push_back(it->tag);
+    }
+    std::string intact;
+    for (const std::string& tag : candidates) {
+      std::string fault;
+      for (size_t i = 0; i < parts_.size() && fault.empty(); ++i) {
+        // Parts other than the first are engine checkpoints when they have a `latest` (step 3's critic).
+        const bool engine_part = i == 0 || fs::exists(part_dir(parts_[i]) / "latest");
+        if (i > 0 && !fs::exists(part_dir(parts_[i]))) continue;  // a part this run does not write
+        fault = tag_fault(part_dir(parts_[i]), tag, engine_part);
+      }
+      if (fault.empty()) {
+        intact = tag;
+        break;
+      }
+      core::log_warn(name_, ": checkpoint ", tag, " cannot be resumed from (", fault, "); moved aside as ", tag,
+                     ".corrupt, trying an older one");
+      for (const std::string& part : parts_) {
+        const fs::path from = part_dir(part) / tag, to = part_dir(part) / (tag + ".corrupt");
+        if (!fs::exists(from)) continue;
+        io::remove_directory_tree(to);
+        fs::rename(from, to);
+      }
+    }
+    for (const std::string& part : parts_) {
+      const fs::path latest = part_dir(part) / "latest";
+      if (!fs::exists(latest)) continue;
+      if (intact.empty()) {
+        fs::remove(latest);
+      } else {
+        io::write_file_atomically(latest, intact);
+      }
+    }
+    if (intact.empty() && !candidates.empty()) {
+      core::log_warn(name_, ": no intact checkpoint in ", primary.string(), "; the step starts from the beginning");
+    }
+  }
+  if (context_.communicator) context_.communicator->barrier();
+  return can_resume(parts_.front());
 }
 
 void StepRunner::retain_checkpoints() {

@@ -163,7 +163,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
                "SupervisedLoop: save_model and the epoch source are required");
   DSCHAT_CHECK(settings.epochs >= 0, InvalidArgument, "SupervisedLoop: epochs is ", settings.epochs);
   int64_t start_epoch = 0, skip = 0;
-  if (runner.can_resume()) {
+  if (runner.prepare_resume()) {
     ResumePoint at;
     core::HostSync sync("step setup (models, engines, data)");
     at.client_state = engine.load_checkpoint(runner.checkpoint_dir());

@@ -3,8 +3,11 @@
 // DeepSpeed-Chat saves it. Tolerance: 1e-6 absolute (fp32; only summation orders differ).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "dschat/core/model_config.h"
 #include "dschat/engine/checkpoint_export.h"
+#include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/models/causal_lm.h"
@@ -15,6 +18,7 @@ namespace dschat {
 namespace {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 models::CausalLM tiny_lm() {
   core::ModelConfig config = core::load_model_config(testing::fixture("opt-preln").string());
@@ -115,6 +119,51 @@ TEST(CheckpointExport, LoraIsFusedIntoTheBaseWeightsAsDeepSpeedChatSavesIt) {
     loaded->eval();
     EXPECT_LT(testing::max_abs_diff(loss_of(loaded, 9), loss_of(reference, 9)), 1e-5);
   }
+}
+
+// `dschat ckpt list` / `verify`: tags newest first with their step and integrity. A flipped byte
+// keeps the file's size, so only verify (checksums) sees it; a truncated file both see; verify
+// exits 1 naming how many tags are damaged.
+TEST(CheckpointInspection, ListAndVerifyReportEachTagsIntegrity) {
+  auto model = tiny_lm();
+  engine::TrainingEngine engine(model.ptr(), options(0));
+  testing::TempDir ckpt;
+  for (int i = 0; i < 3; ++i) {
+    train(engine, model, 1);
+    engine.save_checkpoint(ckpt.path());
+  }
+  {
+    std::fstream file(ckpt / "global_step2" / "rank0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-16, std::ios::end);
+    const char byte = static_cast<char>(file.get() ^ 0x5a);
+    file.seekp(-16, std::ios::end);
+    file.put(byte);
+  }
+  const fs::path truncated = ckpt / "global_step1" / "rank0.safetensors";
+  fs::resize_file(truncated, fs::file_size(truncated) - 8);
+
+  const auto listed = engine::inspect_checkpoints(ckpt.path(), false);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[0].tag, "global_step3");
+  EXPECT_TRUE(listed[0].latest);
+  EXPECT_EQ(listed[0].global_steps, 3);
+  EXPECT_GT(listed[0].bytes, 0);
+  EXPECT_TRUE(listed[0].fault.empty()) << listed[0].fault;
+  EXPECT_TRUE(listed[1].fault.empty()) << "sizes alone cannot see a flipped byte";
+  EXPECT_NE(listed[2].fault.find("truncated or modified"), std::string::npos) << listed[2].fault;
+  const auto verified = engine::inspect_checkpoints(ckpt.path(), true);
+  ASSERT_EQ(verified.size(), 3u);
+  EXPECT_TRUE(verified[0].fault.empty()) << verified[0].fault;
+  EXPECT_NE(verified[1].fault.find("checksum mismatch"), std::string::npos) << verified[1].fault;
+
+  const std::string cli = std::string(DSCHAT_CLI_PATH) + " ckpt ";
+  std::string output;
+  EXPECT_EQ(testing::run_command(cli + "list " + ckpt.path().string(), &output), 0) << output;
+  EXPECT_NE(output.find("global_step3 (latest)"), std::string::npos) << output;
+  EXPECT_EQ(testing::run_command(cli + "verify " + ckpt.path().string(), &output), 1) << output;
+  EXPECT_NE(output.find("2 of 3 checkpoint tags are damaged"), std::string::npos) << output;
+  EXPECT_NE(testing::run_command(cli + "verify " + (ckpt / "nothing").string(), &output), 0);
+  EXPECT_NE(output.find("no such checkpoint directory"), std::string::npos) << output;
 }
 
 TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {

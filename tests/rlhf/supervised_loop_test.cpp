@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -301,6 +303,54 @@ TEST_F(SupervisedLoopTest, ASaveThatDoesNotFitFailsBeforeWritingAnything) {
   EXPECT_EQ(names, (std::vector<std::string>{"global_step1", "global_step2"}));
   EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints("full")), "global_step2");
   EXPECT_FALSE(fs::exists(checkpoints("full") / ".tmp-global_step3"));
+}
+
+// Recovery: the newest tag damaged three ways (a flipped byte, a truncated file, no manifest).
+// The rerun moves it aside as <tag>.corrupt and resumes from the previous tag; stopped again and
+// finished, it ends with the parameters of an uninterrupted run, bit for bit.
+TEST_F(SupervisedLoopTest, ADamagedNewestTagFallsBackToThePreviousOne) {
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  const Record straight = run("straight", options);
+  const std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> damages = {
+      {"flipped",
+       [](const fs::path& tag) {
+         std::fstream file(tag / "rank0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+         file.seekg(-16, std::ios::end);
+         const char byte = static_cast<char>(file.get() ^ 0x5a);
+         file.seekp(-16, std::ios::end);
+         file.put(byte);
+       }},
+      {"truncated",
+       [](const fs::path& tag) {
+         const fs::path file = tag / "rank0.safetensors";
+         fs::resize_file(file, fs::file_size(file) / 2);
+       }},
+      {"no_manifest", [](const fs::path& tag) { fs::remove(tag / "manifest.json"); }}};
+  for (const auto& [name, damage] : damages) {
+    SCOPED_TRACE(name);
+    {
+      CrashAfter crash(4);
+      EXPECT_THROW(run(name, options), rlhf::Interrupted);
+    }
+    damage(checkpoints(name) / "global_step4");
+    RunOptions perturbed = options;
+    perturbed.perturb = true;  // only the checkpoint can undo it
+    {
+      CrashAfter crash(5);
+      EXPECT_THROW(run(name, perturbed), rlhf::Interrupted);
+    }
+    EXPECT_TRUE(fs::is_directory(checkpoints(name) / "global_step4.corrupt"));
+    std::vector<std::string> tags;
+    for (const engine::CheckpointTag& tag : engine::list_checkpoint_tags(checkpoints(name))) tags.push_back(tag.tag);
+    EXPECT_EQ(tags, (std::vector<std::string>{"global_step4", "global_step5"}));  // retrained from step 3
+    const Record finished = run(name, perturbed);
+    ASSERT_TRUE(finished.resumed.has_value());
+    EXPECT_EQ(finished.global_steps, 5);
+    for (const auto& [param, value] : straight.parameters) {
+      EXPECT_TRUE(torch::equal(finished.parameters.at(param), value)) << param;
+    }
+  }
 }
 
 TEST_F(SupervisedLoopTest, AStoppedAndResumedRunEndsBitIdenticalToAnUninterruptedOne) {

@@ -15,6 +15,7 @@ void add_tokenize_command(CLI::App& app);
 void add_make_demo_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
 

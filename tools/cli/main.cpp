@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   dschat::cli::add_make_demo_data_command(app);
   dschat::cli::add_launch_command(app);
   dschat::cli::add_export_command(app);
+  dschat::cli::add_ckpt_command(app);
   dschat::cli::add_plot_command(app);
   dschat::cli::add_train_commands(app);
   try {

@@ -42,9 +42,23 @@ struct CheckpointTag {
   int64_t global_steps = -1;  // engine.json's (-1 when it cannot be read)
 };
 /// The finished tags of `dir` (directories with a manifest.json, which a save writes last; not a
-/// save's ".tmp-"/".old-" directories), oldest first: by global steps, then by name. Empty when
+/// save's ".tmp-"/".old-" directories, not the "<tag>.corrupt" ones a resume moved aside), oldest first: by global steps, then by name. Empty when
 /// `dir` does not exist.
 std::vector<CheckpointTag> list_checkpoint_tags(const std::filesystem::path& dir);
+
+/// One tag directory as `dschat ckpt list` / `ckpt verify` report it.
+struct CheckpointStatus {
+  std::string tag;
+  int64_t global_steps = -1;  // engine.json's (-1 when it cannot be read)
+  int64_t bytes = 0;          // what the tag's files take on disk
+  bool latest = false;        // the tag <dir>/latest names
+  std::string fault;          // empty when intact, as far as it was checked
+};
+/// Every tag directory of `dir` (finished or not, and those moved aside as <tag>.corrupt; not a
+/// save's staging directories), newest first. Checked: the manifest exists and lists files that
+/// exist with their sizes; with `checksums`, also every file's SHA-256 and the checkpoint's
+/// layout (what a resume checks). Throws core::NotFound when `dir` is not a directory.
+std::vector<CheckpointStatus> inspect_checkpoints(const std::filesystem::path& dir, bool checksums);
 
 class CheckpointShards {
  public:

@@ -49,6 +49,14 @@ class StepRunner {
   /// The sub-directories of checkpoint_dir() a step's checkpoint spans, the first an engine's
   /// (its tags decide); default {""}: checkpoint_dir() itself. Step 3: {"actor", "critic", "ema"}.
   void set_checkpoint_parts(std::vector<std::string> parts);
+  /// Collective, before a resume: finds the newest intact tag, `latest`'s first, then the others
+  /// newest first. A tag is intact when every part that exists holds it and each engine part's
+  /// copy matches its manifest (checksums, sizes, missing or truncated files). Rank 0 warns
+  /// naming each bad tag and its fault, renames it to <tag>.corrupt in every part, and points
+  /// every engine part's `latest` at the intact tag; after a barrier every rank reads that tag.
+  /// Returns whether there is one to resume from (false, with a warning, when none is intact).
+  bool prepare_resume();
+
   /// Collective, after a save has completed: keeps the newest common.keep_checkpoints tags (0:
   /// all) of the first part, the one its `latest` names always among them, and deletes the other
   /// tags from every part (rank 0 deletes, then a barrier).
