@@ -38,7 +38,10 @@ std::vector<CheckpointTag> list_checkpoint_tags(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) return tags;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const bool aside = name.size() > 8 && name.compare(name.size() - 8, 8, ".corrupt") == 0;
+    const auto ends_with = [&](const std::string& suffix) {
+      return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const bool aside = ends_with(".corrupt") || ends_with(".superseded");  // moved aside by a resume
     if (name.empty() || name[0] == '.' || aside || !entry.is_directory() ||
         !fs::exists(entry.path() / "manifest.json")) {
       continue;

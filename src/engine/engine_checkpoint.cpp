@@ -2,16 +2,20 @@
 // dschat/engine/checkpoint_shards.h: every rank writes the pieces of the parameters it owns, so
 // a checkpoint is read back by any world size and stage.
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
-#include "io/sha256.h"
+#include <optional>
+
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_export.h"
+#include "dschat/engine/async_checkpoint_writer.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/nn/linear.h"
 #include "engine/zero_optimizer.h"
 #include "engine/checkpoint_testing.h"
+#include "engine/checkpoint_write.h"
 #include "io/atomic_file.h"
 
 namespace dschat {
@@ -38,6 +42,30 @@ torch::Tensor cpu_rng_state() {
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get_state();  // [5056] uint8: the MT19937 state and the normal cache
 }
+
+// The host tensors a checkpoint is written from. On a device they are pinned buffers filled by
+// asynchronous copies (finish() waits for them); on the host they are the tensors themselves, or
+// clones when the write runs in the background while training changes the originals.
+class HostSnapshots {
+ public:
+  explicit HostSnapshots(bool copy) : copy_(copy) {}
+  torch::Tensor take(const torch::Tensor& tensor) {
+    if (tensor.device().is_cpu()) return copy_ ? tensor.clone() : tensor;
+    device_ = tensor.device();
+    torch::Tensor host = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU).pinned_memory(true));
+    host.copy_(tensor, /*non_blocking=*/true);
+    return host;
+  }
+  void finish() {
+    if (!device_) return;
+    c10::impl::VirtualGuardImpl guard(device_->type());
+    guard.getStream(*device_).synchronize();  // the copies were queued on the current stream
+  }
+
+ private:
+  bool copy_;
+  std::optional<torch::Device> device_;
+};
 
 int64_t free_bytes_for_testing = -1;
 
@@ -74,7 +102,8 @@ namespace testing {
 void set_checkpoint_free_bytes(int64_t bytes) { free_bytes_for_testing = bytes; }
 }  // namespace testing
 
-void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const json& client_state) {
+void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const json& client_state,
+                                     AsyncCheckpointWriter* background) {
   DSCHAT_CHECK(micro_steps_ % options_.config.gradient_accumulation_steps == 0, InvalidArgument,
                "save_checkpoint: called inside a gradient-accumulation window (micro step ", micro_steps_,
                "); save after step() returned at a boundary");
@@ -82,39 +111,40 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
   DSCHAT_CHECK(tag.find('/') == std::string::npos && tag[0] != '.', InvalidArgument, "save_checkpoint: bad tag '",
                tag, "'");
   dist::Communicator* communicator = options_.communicator.get();
-  auto barrier = [&] {
-    if (communicator) communicator->barrier();
-  };
+  // A background write owns copies; a write the caller waits for reads the state in place.
+  const bool copy = background != nullptr;
+  HostSnapshots host(copy);
+  auto snapshot = std::make_shared<CheckpointSnapshot>();
+  snapshot->dir = dir;
+  snapshot->tag = tag;
+  snapshot->rank = rank();
+  snapshot->world_size = world_size();
   // This rank's pieces. Stage 0 replicates everything, so rank 0 alone writes its groups.
-  io::TensorMap tensors;
-  json pieces = json::object();
+  io::TensorMap& tensors = snapshot->tensors;
+  json& pieces = snapshot->pieces;
+  pieces = json::object();
   const AdamWStateDict optimizer = zero_->adamw().state_dict();
   const auto optimizer_index = optimizer_index_by_name(optimizer);
-  auto add_piece = [&](const std::string& name, const torch::Tensor& param_shape_source, int64_t offset,
-                       int64_t numel, int64_t step, bool trainable) {
-    pieces[name] = {{"offset", offset}, {"numel", numel}, {"shape", param_shape_source.sizes().vec()},
-                    {"step", step}, {"trainable", trainable}};
-  };
   for (const auto& group : zero_->groups()) {
     const bool writes = group->layout().world_size > 1 || rank() == 0;
     if (!writes || group->trainable()) continue;
     const torch::Tensor values = group->owned_values();  // [owned]
     for (const Piece& piece : pieces_in_range(group->layout(), group->owned_range())) {
       const auto& member = group->members()[piece.slot];
-      tensors["frozen." + member.name] = values.narrow(0, piece.range_offset, piece.numel).cpu();
+      tensors["frozen." + member.name] = host.take(values.narrow(0, piece.range_offset, piece.numel));
       pieces[member.name] = {{"offset", piece.slot_offset}, {"numel", piece.numel}, {"step", 0}, {"trainable", false}};
     }
   }
   for (const auto& piece : zero_->owned_pieces()) {
     if (piece.group->layout().world_size == 1 && rank() != 0) continue;
     const std::string& name = piece.group->layout().slots[piece.slot].name;
-    tensors["master." + name] = piece.value.detach().cpu();
+    tensors["master." + name] = host.take(piece.value.detach());
     int64_t step = 0;
     auto k = optimizer_index.find(name);
     if (k != optimizer_index.end() && optimizer.tensors.count(state_key(k->second, "step"))) {
       step = optimizer.tensors.at(state_key(k->second, "step")).item<int64_t>();
-      tensors["exp_avg." + name] = optimizer.tensors.at(state_key(k->second, "exp_avg")).cpu();
-      tensors["exp_avg_sq." + name] = optimizer.tensors.at(state_key(k->second, "exp_avg_sq")).cpu();
+      tensors["exp_avg." + name] = host.take(optimizer.tensors.at(state_key(k->second, "exp_avg")));
+      tensors["exp_avg_sq." + name] = host.take(optimizer.tensors.at(state_key(k->second, "exp_avg_sq")));
     }
     pieces[name] = {{"offset", piece.param_offset}, {"numel", piece.value.numel()}, {"step", step}, {"trainable", true}};
   }
@@ -127,59 +157,42 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
   }
   if (rank() == 0) {
     for (const auto& [name, param] : zero_->ungrouped()) {
-      tensors["frozen." + name] = param.detach().reshape({-1}).cpu();
-      add_piece(name, param, 0, param.numel(), 0, false);
+      tensors["frozen." + name] = host.take(param.detach().reshape({-1}));
+      pieces[name] = {{"offset", 0}, {"numel", param.numel()}, {"shape", param.sizes().vec()}, {"step", 0},
+                      {"trainable", false}};
     }
-    for (const auto& item : module_->named_buffers()) tensors["buffer." + item.key()] = item.value().detach().cpu();
+    for (const auto& item : module_->named_buffers()) tensors["buffer." + item.key()] = host.take(item.value().detach());
+    snapshot->engine_state = {{"version", kCheckpointVersion},
+                              {"global_steps", global_steps_},
+                              {"skipped_steps", skipped_steps_},
+                              {"micro_steps", micro_steps_},
+                              {"world_size", world_size()},
+                              {"zero_stage", options_.config.zero.stage},
+                              {"loss_scaler", scaler_.state_dict()},
+                              {"lr_scheduler", scheduler_ ? scheduler_->state_dict() : json(nullptr)},
+                              {"lora_scales", lora_scales(*module_)},
+                              {"client_state", client_state}};
   }
   tensors["rng.cpu"] = cpu_rng_state();
+  host.finish();  // the device-to-host copies have landed
   check_free_space(dir, tag, tensors, communicator);
 
-  const fs::path staging = dir / (".tmp-" + tag);  // the same name on every rank
+  const fs::path staging = checkpoint_staging_dir(dir, tag);  // the same name on every rank
   if (rank() == 0) {
     std::error_code ec;
     io::remove_directory_tree(staging);  // left by a save that died
     fs::create_directories(staging, ec);
     DSCHAT_CHECK(!ec, IoError, staging.string(), ": cannot create (", ec.message(), ")");
   }
-  barrier();
-  const std::string stem = "rank" + std::to_string(rank());
-  io::save_safetensors(staging / (stem + ".safetensors"), tensors);
-  io::write_file_atomically(staging / (stem + ".json"), json{{"rank", rank()}, {"pieces", pieces}}.dump(1));
-  barrier();
-
-  if (rank() == 0) {
-    try {
-      const json engine = {{"version", kCheckpointVersion},
-                           {"global_steps", global_steps_},
-                           {"skipped_steps", skipped_steps_},
-                           {"micro_steps", micro_steps_},
-                           {"world_size", world_size()},
-                           {"zero_stage", options_.config.zero.stage},
-                           {"loss_scaler", scaler_.state_dict()},
-                           {"lr_scheduler", scheduler_ ? scheduler_->state_dict() : json(nullptr)},
-                           {"lora_scales", lora_scales(*module_)},
-                           {"client_state", client_state}};
-      io::write_file_atomically(staging / "engine.json", engine.dump(1));
-      json manifest = {{"tag", tag}, {"files", json::object()}};
-      for (const auto& entry : fs::directory_iterator(staging)) {
-        const std::string name = entry.path().filename().string();
-        manifest["files"][name] = {{"bytes", fs::file_size(entry.path())}, {"sha256", io::sha256_of_file(entry.path())}};
-      }
-      io::write_file_atomically(staging / "manifest.json", manifest.dump(1));
-      // Swap the finished directory into place; an older copy of the same tag is removed only after.
-      const fs::path final_dir = dir / tag, old = dir / (".old-" + tag);
-      io::remove_directory_tree(old);
-      if (fs::exists(final_dir)) fs::rename(final_dir, old);
-      fs::rename(staging, final_dir);
-      io::write_file_atomically(dir / "latest", tag);
-      io::remove_directory_tree(old);
-    } catch (...) {
-      io::remove_directory_tree(staging);
-      throw;
-    }
+  if (communicator) communicator->barrier();
+  auto job = [snapshot](const std::atomic<bool>& cancelled) { write_checkpoint(*snapshot, cancelled); };
+  if (background) {
+    background->submit(std::move(job));
+    return;
   }
-  barrier();  // nobody returns before the checkpoint is complete
+  AsyncCheckpointWriter writer;
+  writer.submit(std::move(job));
+  wait_for_checkpoint_writes(writer, communicator);  // nobody returns before the checkpoint is complete
 }
 
 json TrainingEngine::load_checkpoint(const fs::path& dir, const std::string& requested_tag) {

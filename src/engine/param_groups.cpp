@@ -1,6 +1,7 @@
 #include "dschat/engine/param_groups.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 
 #include "dschat/core/error.h"
@@ -32,9 +33,15 @@ const std::vector<std::string>& lora_name_list() {
   return names;
 }
 
+int optimizer_group_index(const std::string& name) {
+  const std::string lowered = to_lower(name);
+  // A no-decay match wins over LoRA: DeepSpeed-Chat's LoRA group requires "not no-decay".
+  return contains_any(lowered, no_decay_name_list()) ? 2 : contains_any(lowered, lora_name_list()) ? 1 : 0;
+}
+
 std::vector<ParamGroup> optimizer_grouped_parameters(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_params, double lr, double weight_decay,
-    double lora_lr) {
+    double lora_lr, const std::vector<std::string>* model_names) {
   DSCHAT_CHECK(lr >= 0.0 && lora_lr >= 0.0 && weight_decay >= 0.0, InvalidArgument,
                "optimizer_grouped_parameters: lr, lora_lr and weight_decay must be >= 0, got lr ", lr, ", lora_lr ",
                lora_lr, ", weight_decay ", weight_decay);
@@ -47,17 +54,20 @@ std::vector<ParamGroup> optimizer_grouped_parameters(
     DSCHAT_CHECK(param.defined(), InvalidArgument, "optimizer_grouped_parameters: parameter '", name,
                  "' is an undefined tensor");
     if (!param.requires_grad()) continue;
-    const std::string lowered = to_lower(name);
-    // A no-decay match wins over LoRA: DeepSpeed-Chat's LoRA group requires "not no-decay".
-    ParamGroup& group = contains_any(lowered, no_decay_name_list()) ? no_decay
-                        : contains_any(lowered, lora_name_list())   ? lora
-                                                                    : decay;
+    const int index = optimizer_group_index(name);
+    ParamGroup& group = index == 2 ? no_decay : index == 1 ? lora : decay;
     group.names.push_back(name);
     group.params.push_back(param);
   }
+  std::array<bool, 3> present = {!decay.params.empty(), !lora.params.empty(), !no_decay.params.empty()};
+  if (model_names) {
+    present = {false, false, false};
+    for (const std::string& name : *model_names) present[static_cast<size_t>(optimizer_group_index(name))] = true;
+  }
   std::vector<ParamGroup> groups;
-  for (ParamGroup* group : {&decay, &lora, &no_decay}) {
-    if (!group->params.empty()) groups.push_back(std::move(*group));
+  std::array<ParamGroup*, 3> ordered = {&decay, &lora, &no_decay};
+  for (size_t g = 0; g < ordered.size(); ++g) {
+    if (present[g]) groups.push_back(std::move(*ordered[g]));
   }
   return groups;
 }

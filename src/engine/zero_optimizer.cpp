@@ -172,8 +172,10 @@ void ZeroOptimizer::build_groups(torch::nn::Module& module, const ZeroConfig& ze
 
 void ZeroOptimizer::build_optimizer(const OptimizerConfig& optimizer, double lora_learning_rate) {
   NamedParams named_pieces;
+  std::vector<std::string> trainable_names;  // the whole model's, whatever this rank owns
   for (const auto& group : groups_) {
     if (!group->trainable()) continue;
+    for (const auto& slot : group->layout().slots) trainable_names.push_back(slot.name);
     const ElementRange owned = group->owned_range();
     for (const Piece& piece : pieces_in_range(group->layout(), owned)) {
       OwnedPiece owned_piece{group.get(), piece.slot, piece.slot_offset,
@@ -189,7 +191,9 @@ void ZeroOptimizer::build_optimizer(const OptimizerConfig& optimizer, double lor
   adam.bias_correction = optimizer.bias_correction;
   adam.adam_w_mode = optimizer.adam_w_mode;
   adamw_ = std::make_unique<AdamW>(
-      optimizer_grouped_parameters(named_pieces, optimizer.lr, optimizer.weight_decay, lora_learning_rate), adam);
+      optimizer_grouped_parameters(named_pieces, optimizer.lr, optimizer.weight_decay, lora_learning_rate,
+                                   &trainable_names),
+      adam);
 }
 
 void ZeroOptimizer::before_backward(bool boundary) {

@@ -52,6 +52,7 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
     core::log_info("---=== Running Step ", step, " ===---");
     const auto step_start = Clock::now();
     StepContext step_context = context;
+    if (!ran.empty()) step_context.resume_from.clear();  // --resume-from names the first step's tag
     if (step == 1) {
       result.summaries[key] = run_sft(config.step1, step_context).to_json();
     } else if (step == 2) {

@@ -134,6 +134,32 @@ class PpoStepReports {
 
 }  // namespace
 
+namespace {
+
+// Step 3's EMA weights for checkpoint `tag`: <ema_dir>/<tag>/, staged as .tmp-<tag> and renamed,
+// so a tag directory is complete or absent. Given the writer, from host copies on its thread.
+void save_ema_checkpoint(const fs::path& ema_dir, const std::string& tag, const std::map<std::string, torch::Tensor>& ema,
+                         engine::AsyncCheckpointWriter* background) {
+  auto weights = std::make_shared<io::TensorMap>();
+  for (const auto& [name, value] : ema) {
+    (*weights)[name] = background ? value.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true) : value;
+  }
+  auto write = [ema_dir, tag, weights](const std::atomic<bool>& /*cancelled*/) {
+    const fs::path staging = ema_dir / (".tmp-" + tag), final_dir = ema_dir / tag;
+    io::remove_directory_tree(staging);
+    io::save_state_dict(staging, *weights);
+    io::remove_directory_tree(final_dir);
+    fs::rename(staging, final_dir);
+  };
+  if (background) {
+    background->submit(std::move(write));
+  } else {
+    write(std::atomic<bool>{false});
+  }
+}
+
+}  // namespace
+
 nlohmann::json PpoResult::to_json() const {
   return {{"step_rewards", step_rewards},     {"reward_ema", reward_ema},
           {"mean_kl", mean_kl},               {"steps", steps},
@@ -322,11 +348,12 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       const bool at_boundary =
           window_closed(models.actor->training_engine()) && window_closed(*models.critic_engine);
       if (!at_boundary) continue;
-      runner.after_optimizer_step(step, [&] {
+      runner.after_optimizer_step(step, [&](engine::AsyncCheckpointWriter* background) {
         reports.read();  // the state below holds the reward history
         const std::string tag = "global_step" + std::to_string(step);
-        models.critic_engine->save_checkpoint(ckpt / "critic", tag);
-        if (models.ema && rank == 0) io::save_state_dict(ckpt / "ema" / tag, module_parameters(*models.ema));
+        // In this order (the writer keeps it): the actor's tag, written last, decides.
+        models.critic_engine->save_checkpoint(ckpt / "critic", tag, nlohmann::json::object(), background);
+        if (models.ema && rank == 0) save_ema_checkpoint(ckpt / "ema", tag, module_parameters(*models.ema), background);
         nlohmann::json state = {{"tag", tag},
                                 {"epoch", batch_index + 1 >= steps_per_epoch ? epoch + 1 : epoch},
                                 {"batch", batch_index + 1 >= steps_per_epoch ? 0 : batch_index + 1},
@@ -334,13 +361,14 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                                 {"reward_ema", result.reward_ema},
                                 {"step_rewards", result.step_rewards},
                                 {"skipped_batches", result.skipped_batches}};
-        models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state);
+        models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state, background);
       });
       if (stop_test_mode) break;
     }
     skip_batches = 0;
   }
   core::HostSync end_sync("step end (evaluation, save)");
+  runner.wait_for_checkpoints();  // committed before the models are written (as in steps 1 and 2)
   reports.read();
   progress.finish();
   result.steps = step;

@@ -117,9 +117,9 @@ void run_epoch(const SupervisedLoopSettings& settings, StepRunner& runner, engin
     const bool evaluate_now = settings.eval_interval > 0 && done.step % settings.eval_interval == 0;
     if (evaluate_now || done.step % read_interval == 0) losses.read();
     if (evaluate_now) evaluate(settings, EvaluationPoint::kInterval, epoch, done.step);
-    runner.after_optimizer_step(done.step, [&] {
+    runner.after_optimizer_step(done.step, [&](engine::AsyncCheckpointWriter* background) {
       losses.read();  // the reports of the steps before a checkpoint (and a Ctrl-C) are never lost
-      engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch, batch_index));
+      engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch, batch_index), background);
     });
     window_start = core::SteadyClock::now();
   }
@@ -188,9 +188,9 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     // Only where no accumulation window is open: a window running on into the next epoch has
     // gradients a checkpoint does not hold; the resume then starts from the last periodic one.
     if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
-      core::HostSync sync("checkpoint");
-      engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch + 1, 0));
-      runner.retain_checkpoints();
+      runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) {
+        engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch + 1, 0), background);
+      });
     }
   }
   progress.finish();
@@ -198,6 +198,9 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     evaluate(settings, EvaluationPoint::kResumedAtEnd, settings.epochs, engine.global_steps());
   }
   core::HostSync sync("step end (evaluation, save)");
+  // The end-of-training checkpoint is committed before the model is written: a failure there
+  // resumes from it rather than from the one before.
+  runner.wait_for_checkpoints();
   settings.save_model();
   runner.finish();
 }

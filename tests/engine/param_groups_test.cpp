@@ -71,6 +71,26 @@ TEST(ParamGroups, EmptyGroupsAreDropped) {
       core::InvalidArgument, "lr -1");
 }
 
+// A ZeRO rank groups the pieces it owns by the whole model's groups: one it owns nothing of stays,
+// empty, so every rank has the same groups (found by a two-rank resume whose rank 0 owned no
+// no-decay piece: its LR schedule had one group fewer than rank 1's).
+TEST(ParamGroups, ARanksPiecesKeepTheWholeModelsGroups) {
+  const auto t = [] { return torch::zeros({1}).requires_grad_(true); };
+  const std::vector<std::string> model = {"a.weight", "a.lora_right_weight", "a.bias"};
+  auto groups = engine::optimizer_grouped_parameters({{"a.weight", t()}}, 1e-3, 0.1, 5e-4, &model);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(names_of(groups[0]), std::vector<std::string>{"a.weight"});
+  EXPECT_TRUE(groups[1].params.empty());
+  EXPECT_EQ(groups[1].lr, 5e-4);
+  EXPECT_TRUE(groups[2].params.empty());
+  EXPECT_EQ(groups[2].weight_decay, 0.0);
+  const std::vector<std::string> no_lora = {"a.weight", "a.bias"};
+  EXPECT_EQ(engine::optimizer_grouped_parameters({{"a.bias", t()}}, 1e-3, 0.1, 5e-4, &no_lora).size(), 2u);
+  EXPECT_EQ(engine::optimizer_group_index("x.LayerNorm.weight"), 2);
+  EXPECT_EQ(engine::optimizer_group_index("x.lora_left_weight"), 1);
+  EXPECT_EQ(engine::optimizer_group_index("x.fc1.weight"), 0);
+}
+
 TEST(ParamGroups, OptCausalLmGroupsAndFakeLora) {
   auto model = models::load_causal_lm(testing::fixture("opt-preln").string());
   const auto groups = engine::optimizer_grouped_parameters(*model, 1e-5, 0.1);

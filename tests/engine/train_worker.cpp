@@ -9,12 +9,18 @@
 // With --checkpoint the model is loaded from that directory instead (--deferred: a partitioned
 // load, DeepSpeed's zero.Init), and --inference-check also scores a fixed batch with a frozen
 // partitioned copy under a ZeRO-3 inference engine, against an eager replicated copy.
+// --async saves in the background (an AsyncCheckpointWriter, waited for before the next save and
+// at the end); --hang-in-write TAG --marker F makes the write of TAG create F and then stall, so
+// a test can kill the ranks while that write is under way.
 //
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
 //            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
-//            [--timeout-ms T] [--checkpoint DIR [--deferred] [--inference-check]]
+//            [--timeout-ms T] [--checkpoint DIR [--deferred] [--inference-check]] [--async]
+//            [--hang-in-write TAG --marker F]
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
@@ -23,6 +29,7 @@
 #include "dschat/engine/zero_inference_engine.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/models/load_save.h"
+#include "engine/checkpoint_testing.h"
 #include "../worker_args.h"
 
 namespace {
@@ -48,6 +55,8 @@ struct Args {
   std::string checkpoint;
   bool deferred = false;
   bool inference_check = false;
+  bool async = false;
+  std::string hang_in_write, marker;
 };
 
 Args parse(int argc, char** argv) {
@@ -71,6 +80,9 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--checkpoint")) args.checkpoint = flags.value();
     else if (flags.is("--deferred")) args.deferred = true;
     else if (flags.is("--inference-check")) args.inference_check = true;
+    else if (flags.is("--async")) args.async = true;
+    else if (flags.is("--hang-in-write")) args.hang_in_write = flags.value();
+    else if (flags.is("--marker")) args.marker = flags.value();
     else flags.unknown();
   }
   return args;
@@ -185,6 +197,14 @@ int run(const Args& args) {
   engine::TrainingEngine trainer(model.ptr(), options);
   const int64_t parameters_after_build = trainer.memory_footprint().parameter_bytes;
 
+  if (!args.hang_in_write.empty()) {
+    engine::testing::set_checkpoint_write_hook([&args](const std::filesystem::path& staging) {
+      if (staging.filename() != ".tmp-" + args.hang_in_write) return;
+      std::ofstream(args.marker) << "writing\n";
+      std::this_thread::sleep_for(std::chrono::minutes(10));  // until the test kills us
+    });
+  }
+  engine::AsyncCheckpointWriter writer;
   int64_t first_step = 0;
   if (args.load) first_step = trainer.load_checkpoint(args.save_dir)["next_step"].get<int64_t>();
   json losses = json::array();
@@ -205,9 +225,11 @@ int run(const Args& args) {
     communicator->all_reduce(total, dist::ReduceOp::Sum);
     losses.push_back(total.item<double>() / static_cast<double>(args.gas * world));
     if (args.save_every > 0 && (step + 1) % args.save_every == 0) {
-      trainer.save_checkpoint(args.save_dir, "", {{"next_step", step + 1}});
+      if (args.async) engine::wait_for_checkpoint_writes(writer, communicator.get());
+      trainer.save_checkpoint(args.save_dir, "", {{"next_step", step + 1}}, args.async ? &writer : nullptr);
     }
   }
+  engine::wait_for_checkpoint_writes(writer, communicator.get());
   const json after_step = footprint_json(trainer.memory_footprint());
   double checksum = 0.0;
   int64_t num_params = 0;

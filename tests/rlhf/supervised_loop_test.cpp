@@ -16,6 +16,7 @@
 #include "dschat/data/sampler.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/io/state_dict.h"
 #include "dschat/models/load_save.h"
 #include "dschat/rlhf/sft_loss.h"
 #include "dschat/rlhf/supervised_loop.h"
@@ -73,6 +74,8 @@ struct RunOptions {
   int64_t progress_interval = 1;  // also how often the loop reads the losses from the device
   bool perturb = false;          // shift every parameter first: only a checkpoint can undo it
   bool fail_save = false;        // save_model throws (the checkpoints stay)
+  bool async_checkpoint = true;  // saves on the runner's background writer
+  std::string resume_from;       // --resume-from
   json extra_client_state = json::object();  // merged into the hook's client state
 };
 
@@ -102,8 +105,10 @@ class SupervisedLoopTest : public ::testing::Test {
     rlhf::CommonStepConfig common;
     common.checkpoint_interval = options.checkpoint_interval;
     common.keep_checkpoints = options.keep_checkpoints;
+    common.async_checkpoint = options.async_checkpoint;
     rlhf::StepContext context;
     context.progress = false;
+    context.resume_from = options.resume_from;
     rlhf::StepRunner runner("toy step", tmp_ / name, common, context);
     data::DistributedSampler sampler(kRows, 1, 0, /*shuffle=*/true, /*seed=*/7);
 
@@ -263,22 +268,25 @@ TEST_F(SupervisedLoopTest, RetentionKeepsExactlyTheNewestTags) {
       {2, {"global_step3", "global_step4"}},
       {0, {"global_step1", "global_step2", "global_step3", "global_step4"}},
       {1, {"global_step4"}}};
-  for (const auto& [keep, expected] : cases) {
-    RunOptions options;
-    options.checkpoint_interval = 1;
-    options.keep_checkpoints = keep;
-    const std::string name = "keep" + std::to_string(keep);
-    {
-      CrashAfter crash(4);
-      EXPECT_THROW(run(name, options), rlhf::Interrupted);
+  for (const bool async : {true, false}) {
+    for (const auto& [keep, expected] : cases) {
+      RunOptions options;
+      options.checkpoint_interval = 1;
+      options.keep_checkpoints = keep;
+      options.async_checkpoint = async;
+      const std::string name = "keep" + std::to_string(keep) + (async ? "async" : "sync");
+      {
+        CrashAfter crash(4);
+        EXPECT_THROW(run(name, options), rlhf::Interrupted);
+      }
+      EXPECT_EQ(tags_of(checkpoints(name)), expected) << "keep_checkpoints " << keep << (async ? " async" : " sync");
+      EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints(name)), "global_step4");
     }
-    EXPECT_EQ(tags_of(checkpoints(name)), expected) << "keep_checkpoints " << keep;
-    EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints(name)), "global_step4");
   }
   // What is kept resumes: the run finishes as an uninterrupted one does.
   RunOptions options;
   options.checkpoint_interval = 1;
-  const Record resumed = run("keep2", options);
+  const Record resumed = run("keep2async", options);
   ASSERT_TRUE(resumed.resumed.has_value());
   EXPECT_EQ(resumed.global_steps, 5);
 }
@@ -349,6 +357,118 @@ TEST_F(SupervisedLoopTest, ADamagedNewestTagFallsBackToThePreviousOne) {
     EXPECT_EQ(finished.global_steps, 5);
     for (const auto& [param, value] : straight.parameters) {
       EXPECT_TRUE(torch::equal(finished.parameters.at(param), value)) << param;
+    }
+  }
+}
+
+std::vector<std::string> tag_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const engine::CheckpointTag& tag : engine::list_checkpoint_tags(dir)) names.push_back(tag.tag);
+  return names;
+}
+
+// --resume-from: a missing tag is refused naming the ones there; a picked older tag is resumed
+// from, the later tags are moved aside as <tag>.superseded (never deleted), and the run finishes
+// bit-identical to an uninterrupted one.
+TEST_F(SupervisedLoopTest, ResumeFromAPickedTagSetsTheLaterOnesAsideAndFinishesBitIdentical) {
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  options.keep_checkpoints = 0;
+  const Record straight = run("straight", options);
+  {
+    CrashAfter crash(4);
+    EXPECT_THROW(run("picked", options), rlhf::Interrupted);
+  }
+  RunOptions missing = options;
+  missing.resume_from = "global_step9";
+  EXPECT_THROW_WITH(run("picked", missing), core::NotFound,
+                    "--resume-from global_step9: no such checkpoint in " + checkpoints("picked").string() +
+                        "; it holds: global_step1 global_step2 global_step3 global_step4");
+  RunOptions picked = options;
+  picked.resume_from = "global_step2";
+  picked.perturb = true;  // only the checkpoint can undo it
+  {
+    CrashAfter crash(3);
+    EXPECT_THROW(run("picked", picked), rlhf::Interrupted);
+  }
+  EXPECT_TRUE(fs::is_directory(checkpoints("picked") / "global_step3.superseded"));
+  EXPECT_TRUE(fs::is_directory(checkpoints("picked") / "global_step4.superseded"));
+  EXPECT_EQ(tag_names(checkpoints("picked")), (std::vector<std::string>{"global_step1", "global_step2", "global_step3"}));
+  RunOptions finish = options;
+  finish.perturb = true;
+  const Record finished = run("picked", finish);
+  ASSERT_TRUE(finished.resumed.has_value());
+  EXPECT_EQ(finished.global_steps, 5);
+  for (const auto& [param, value] : straight.parameters) {
+    EXPECT_TRUE(torch::equal(finished.parameters.at(param), value)) << param;
+  }
+}
+
+// A background write that fails is reported at the next save (the run stops with its error), and
+// `latest` still names the tag before it.
+TEST_F(SupervisedLoopTest, AFailedBackgroundWriteStopsTheRunAtTheNextSave) {
+  struct FailingWrite {
+    FailingWrite() {
+      engine::testing::set_checkpoint_write_hook([](const fs::path& staging) {
+        if (staging.filename() == ".tmp-global_step3") throw core::IoError("injected write failure");
+      });
+    }
+    ~FailingWrite() { engine::testing::set_checkpoint_write_hook(nullptr); }
+  } failing;
+  RunOptions options;
+  options.checkpoint_interval = 1;
+  EXPECT_THROW_WITH(run("failing", options), core::IoError, "injected write failure");
+  EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints("failing")), "global_step2");
+  EXPECT_EQ(tag_names(checkpoints("failing")), (std::vector<std::string>{"global_step1", "global_step2"}));
+  EXPECT_FALSE(fs::exists(checkpoints("failing") / ".tmp-global_step3"));
+}
+
+// Step 3's checkpoint spans three parts. A damaged critic (an engine part) or EMA (weights only)
+// in the newest tag makes the whole tag unusable: it is moved aside in every part and every
+// engine part's `latest` points at the previous tag.
+TEST_F(SupervisedLoopTest, ADamagedCriticOrEmaPartOfTheNewestTagFallsBackToThePreviousOne) {
+  const std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> damages = {
+      {"critic",
+       [](const fs::path& ckpt) {
+         std::fstream file(ckpt / "critic/global_step2/rank0.safetensors",
+                           std::ios::in | std::ios::out | std::ios::binary);
+         file.seekg(-8, std::ios::end);
+         const char byte = static_cast<char>(file.get() ^ 0x5a);
+         file.seekp(-8, std::ios::end);
+         file.put(byte);
+       }},
+      {"ema", [](const fs::path& ckpt) {
+         const fs::path file = ckpt / "ema/global_step2/model.safetensors";
+         fs::resize_file(file, fs::file_size(file) - 4);
+       }}};
+  for (const auto& [part, damage] : damages) {
+    SCOPED_TRACE(part);
+    rlhf::CommonStepConfig common;
+    rlhf::StepContext context;
+    rlhf::StepRunner runner("step 3 (PPO)", tmp_ / ("ppo_" + part), common, context);
+    runner.set_checkpoint_parts({"actor", "critic", "ema"});
+    torch::manual_seed(5);
+    auto actor = std::make_shared<torch::nn::LinearImpl>(4, 3);
+    auto critic = std::make_shared<torch::nn::LinearImpl>(4, 1);
+    engine::TrainingEngineOptions engine_options;
+    engine_options.config = engine::DeepSpeedConfig::parse(
+        {{"train_batch_size", 1}, {"train_micro_batch_size_per_gpu", 1}}, 1, "test");
+    engine::TrainingEngine actor_engine(actor, engine_options), critic_engine(critic, engine_options);
+    for (const std::string tag : {"global_step1", "global_step2"}) {
+      runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) {
+        critic_engine.save_checkpoint(runner.checkpoint_dir() / "critic", tag, json::object(), background);
+        io::save_state_dict(runner.checkpoint_dir() / "ema" / tag, {{"weight", actor->weight.detach().clone()}});
+        actor_engine.save_checkpoint(runner.checkpoint_dir() / "actor", tag, json::object(), background);
+      }, /*wait=*/true);
+    }
+    damage(runner.checkpoint_dir());
+    ASSERT_TRUE(runner.prepare_resume());
+    for (const char* p : {"actor", "critic"}) {
+      EXPECT_EQ(engine::latest_checkpoint_tag(runner.checkpoint_dir() / p), "global_step1") << p;
+    }
+    for (const char* p : {"actor", "critic", "ema"}) {
+      EXPECT_TRUE(fs::is_directory(runner.checkpoint_dir() / p / "global_step2.corrupt")) << p;
+      EXPECT_TRUE(fs::is_directory(runner.checkpoint_dir() / p / "global_step1")) << p;
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/json_object.h"
+#include "dschat/engine/checkpoint_shards.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/monitor/metrics_log.h"
@@ -104,22 +105,82 @@ TEST(TrainPipelineMultiproc, TwoRanksZeroTwoAndThree) {
   EXPECT_EQ(summary(tmp / "out/step3").at("steps").get<int64_t>(), 3);  // 48 prompts / (8 x 2 ranks)
 }
 
-// Kills the run with SIGKILL once step 3 has written a checkpoint, then reruns it.
+void flip_last_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-1, std::ios::end);
+  const char byte = static_cast<char>(f.get() ^ 0x5a);
+  f.seekp(-1, std::ios::end);
+  f.put(byte);
+}
+
+// Step 1 on two ranks at ZeRO-2 and at ZeRO-3, a checkpoint after every optimizer step (written
+// in the background, 2 kept): killed with SIGKILL once global_step5 is committed, then rank 1's
+// file of the newest tag is damaged. The same command moves that tag aside, resumes from the
+// previous one and ends with the model of an uninterrupted run, bit for bit.
+TEST(TrainPipelineMultiproc, TwoRanksRecoverFromADamagedNewestTagAtZeroTwoAndThree) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const nlohmann::json step1 = {{"step1",
+                                   {{"zero_stage", stage},
+                                    {"num_train_epochs", 3},
+                                    {"per_device_train_batch_size", 2},
+                                    {"checkpoint_interval", 1}}}};
+    auto command = [&](const fs::path& config) {
+      return cli() + " launch --nproc-per-node 2 -- " + cli() + " sft --config " + config.string() + " --no-progress";
+    };
+    testing::TempDir straight, broken;
+    std::string out;
+    ASSERT_EQ(testing::run_command(command(write_config(straight.path(), step1)), &out), 0) << out;
+
+    const fs::path ckpt = broken / "out/actor_checkpoints";
+    const int killed = testing::run_command(
+        "bash -c 'setsid " + command(write_config(broken.path(), step1)) + " > " + (broken / "first.log").string() +
+            " 2>&1 & pid=$!; for i in $(seq 1200); do grep -qE \"global_step([5-9]|[1-9][0-9])$\" " +
+            (ckpt / "latest").string() + " 2>/dev/null && break; sleep 0.05; done; kill -9 -- -$pid; wait $pid'",
+        &out);
+    ASSERT_NE(killed, 0) << "the run finished before it could be killed\n" << out;
+    std::vector<std::string> tags;
+    for (const engine::CheckpointTag& tag : engine::list_checkpoint_tags(ckpt)) tags.push_back(tag.tag);
+    // Two kept; a third only when the kill fell between a commit and its retention.
+    ASSERT_GE(tags.size(), 2u);
+    EXPECT_LE(tags.size(), 3u);
+    // The tag `latest` names (a kill between a commit's rename and its `latest` leaves a newer
+    // complete tag beside it, which a resume does not need).
+    const std::string newest = engine::latest_checkpoint_tag(ckpt);
+    flip_last_byte(ckpt / newest / "rank1.safetensors");
+
+    ASSERT_EQ(testing::run_command(command(broken / "config.json"), &out), 0) << out;
+    EXPECT_NE(out.find("checkpoint " + newest + " cannot be resumed from"), std::string::npos) << out;
+    EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+    const io::TensorMap expected = io::load_state_dict(straight / "out/actor");
+    const io::TensorMap got = io::load_state_dict(broken / "out/actor");
+    ASSERT_EQ(got.size(), expected.size());
+    for (const auto& [name, value] : expected) EXPECT_TRUE(torch::equal(got.at(name), value)) << name;
+  }
+}
+
+// Kills the run with SIGKILL once step 3 has committed its second checkpoint, damages the critic
+// part of the newest tag (the actor's is intact), then reruns it: the whole tag is set aside and
+// the run resumes from the one before.
 TEST(TrainPipeline, ResumesAfterAKillInStepThree) {
   testing::TempDir tmp;
   const fs::path config = write_config(tmp.path());
-  const fs::path latest = tmp / "out/step3_checkpoints/actor/latest";
+  const fs::path ckpt = tmp / "out/step3_checkpoints";
   const std::string run = cli() + " train --config " + config.string() + " --no-progress";
   std::string out;
   const int killed = testing::run_command(
-      "bash -c '" + run + " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; for i in $(seq 600); do [ -e " +
-          latest.string() + " ] && break; sleep 0.1; done; sleep 0.5; kill -9 $pid; wait $pid'",
+      "bash -c '" + run + " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; for i in $(seq 1200); do " +
+          "grep -qE \"global_step[2-9]$\" " + (ckpt / "actor/latest").string() +
+          " 2>/dev/null && break; sleep 0.1; done; kill -9 $pid; wait $pid'",
       &out);
   ASSERT_NE(killed, 0) << "the run finished before it could be killed\n" << out;
-  ASSERT_TRUE(fs::exists(latest));
   ASSERT_FALSE(fs::exists(tmp / "out/step3/training_summary.json"));
+  ASSERT_GE(engine::list_checkpoint_tags(ckpt / "actor").size(), 2u);
+  const std::string newest = engine::latest_checkpoint_tag(ckpt / "actor");
+  flip_last_byte(ckpt / "critic" / newest / "rank0.safetensors");
 
   ASSERT_EQ(testing::run_command(run, &out), 0) << out;
+  EXPECT_NE(out.find("checkpoint " + newest + " cannot be resumed from"), std::string::npos) << out;
   EXPECT_NE(out.find("Step 1 already finished"), std::string::npos) << out;
   EXPECT_NE(out.find("Step 2 already finished"), std::string::npos) << out;
   EXPECT_NE(out.find("resuming from"), std::string::npos) << out;

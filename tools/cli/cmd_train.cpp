@@ -19,7 +19,7 @@ namespace {
 
 struct TrainFlags {
   app::TrainArguments args;
-  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device;
+  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device, resume_from;
   bool no_progress = false;
   bool dry_run = false;
   app::TrainArguments resolved() const {
@@ -48,6 +48,7 @@ rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConf
   context.tokenizer_dir = config.tokenizer;
   context.stop_requested = app::install_stop_signal_handler();
   context.progress = !flags.no_progress;
+  context.resume_from = flags.resume_from;
   return context;
 }
 
@@ -83,6 +84,9 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
   cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model, then exit without training");
   cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
+  cmd.add_option("--resume-from", f.resume_from,
+                 "Checkpoint tag (global_step<N>) the first unfinished step resumes from, instead of its newest "
+                 "intact one; later tags are moved aside as <tag>.superseded");
 }
 
 // `dschat sft|rm|ppo`: the pipeline with only that step.

@@ -42,7 +42,7 @@ struct CheckpointTag {
   int64_t global_steps = -1;  // engine.json's (-1 when it cannot be read)
 };
 /// The finished tags of `dir` (directories with a manifest.json, which a save writes last; not a
-/// save's ".tmp-"/".old-" directories, not the "<tag>.corrupt" ones a resume moved aside), oldest first: by global steps, then by name. Empty when
+/// save's ".tmp-"/".old-" directories, not the "<tag>.corrupt" / "<tag>.superseded" ones a resume moved aside), oldest first: by global steps, then by name. Empty when
 /// `dir` does not exist.
 std::vector<CheckpointTag> list_checkpoint_tags(const std::filesystem::path& dir);
 

@@ -34,10 +34,17 @@ const std::vector<std::string>& lora_name_list();
 ///   1. LoRA and not no-decay              -> weight_decay, lora_lr
 ///   2. no-decay (LoRA or not)             -> 0, lr
 /// Empty groups are dropped, so the result has 1 to 3 groups (0 when nothing is trainable).
+/// With `model_names` (the trainable parameters of the whole model, when `named_params` are the
+/// pieces one ZeRO rank owns), the groups are those the names fill, kept even when this rank's
+/// share of one is empty: every rank then has the same groups, as the LR schedule and a
+/// checkpoint's group hyper-parameters (saved by rank 0 for all) require.
 /// Throws core::InvalidArgument for a negative lr, lora_lr or weight_decay.
 std::vector<ParamGroup> optimizer_grouped_parameters(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_params, double lr, double weight_decay,
-    double lora_lr = 5e-4);
+    double lora_lr = 5e-4, const std::vector<std::string>* model_names = nullptr);
+
+/// The group above a parameter of this name goes to: 0 decay, 1 LoRA, 2 no-decay.
+int optimizer_group_index(const std::string& name);
 
 /// The same over a module's named_parameters() (registration order, as Python's named_parameters).
 std::vector<ParamGroup> optimizer_grouped_parameters(const torch::nn::Module& module, double lr, double weight_decay,

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "dschat/dist/process_group.h"
+#include "dschat/engine/async_checkpoint_writer.h"
 #include "dschat/engine/ds_config.h"
 #include "dschat/engine/loss_scaler.h"
 #include "dschat/engine/lr_schedule.h"
@@ -148,9 +149,18 @@ class TrainingEngine {
   /// directory that rank 0 renames into place, then <dir>/latest is replaced atomically: a crash
   /// at any point leaves the previous checkpoint loadable. `dir` must be shared by the ranks.
   /// Only at an accumulation boundary (core::InvalidArgument otherwise). An empty tag means
-  /// "global_step<N>".
+  /// "global_step<N>". Before anything is written, the ranks' bytes are compared with the free
+  /// space (core::IoError naming both).
+  ///
+  /// With `background`, the save is asynchronous: the state is copied to the host (pinned
+  /// buffers filled from the device, or clones on the CPU) and the call returns; the writer's
+  /// thread writes and commits it while training goes on. The caller must call
+  /// wait_for_checkpoint_writes(*background, communicator()) on every rank before the next save to
+  /// the same directory and before relying on the checkpoint. Without, the call returns once the
+  /// checkpoint is committed, on every rank (the same write, on a thread it waits for).
   void save_checkpoint(const std::filesystem::path& dir, std::string tag = "",
-                       const nlohmann::json& client_state = nlohmann::json::object());
+                       const nlohmann::json& client_state = nlohmann::json::object(),
+                       AsyncCheckpointWriter* background = nullptr);
   /// Collective. Restores a checkpoint of the same model (tag empty: <dir>/latest) and returns its
   /// client_state. It may have been saved by any number of ranks at any ZeRO stage: each rank
   /// reads the pieces that overlap what it owns now. Throws core::NotFound, core::FormatError

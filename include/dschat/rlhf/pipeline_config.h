@@ -76,6 +76,9 @@ struct CommonStepConfig {
   /// Ours: how many checkpoint tags to keep, newest first (0: all). Older ones are deleted after
   /// a newer one is complete; the one `latest` names is never deleted.
   int64_t keep_checkpoints = 2;
+  /// Ours: write checkpoints on a background thread from a host snapshot while training goes on
+  /// (false: training waits for each write).
+  bool async_checkpoint = true;
   /// Ours: print a progress line every this many optimizer steps (DS-Chat: every step).
   int64_t print_interval = 1;
 };

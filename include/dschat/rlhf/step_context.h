@@ -27,6 +27,9 @@ struct StepContext {
   int64_t local_rank = -1;
   /// Progress bars on an interactive terminal (plain lines otherwise); false: lines only.
   bool progress = true;
+  /// `--resume-from TAG`: the checkpoint tag the step resumes from instead of the newest intact
+  /// one (rlhf::StepRunner::prepare_resume). run_pipeline gives it to the first step it runs only.
+  std::string resume_from;
 
   bool stopping() const { return stop_requested != nullptr && stop_requested->load(); }
 };
