@@ -20,6 +20,7 @@
 #include <iostream>
 
 #include "bench_util.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/core/model_config.h"
 #include "dschat/engine/async_checkpoint_writer.h"
 #include "dschat/engine/training_engine.h"
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     at::set_num_threads(static_cast<int>(o.threads));
+    core::retain_freed_host_memory();  // as the dschat CLI does: snapshot buffers are reused, not faulted in anew
     std::map<std::string, std::vector<ModeResult>> results;
     for (int64_t round = 0; round < o.rounds; ++round) {
       for (const char* mode : {"none", "sync", "async"}) {

@@ -14,7 +14,8 @@
 #   2. dschat_tests' per-device cases on cuda (*OnDevice*/cuda): fp32 steps vs the CPU, bf16/fp16
 #      learning, greedy ids vs transformers, HybridEngine;
 #   3. the embedded demo end to end on the GPU (`dschat train --device cuda`);
-#   4. the step-3 benchmark on the GPU against transformers + PyTorch on the same GPU.
+#   4. the step-3 benchmark on the GPU against transformers + PyTorch on the same GPU;
+#   5. the checkpoint stall benchmark on the GPU (async snapshot into pinned memory vs sync save).
 # Writes under $OUT (or ./out): summary.txt (one line per part: ok/FAILED and its figures), and
 # each part's log/XML/JSON. Exit status non-zero when any part failed.
 set -uo pipefail
@@ -46,6 +47,7 @@ start=$(date +%s)
 if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSCHAT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
      -DDSCHAT_PYTHON="$python" -DDSCHAT_BUILD_BENCHMARKS=ON > "$out/build.log" 2>&1 &&
    cmake --build build-gpu -j "$(nproc)" --target dschat_cli dschat_tests dschat_cuda_tests dschat_step3_bench \
+     dschat_checkpoint_bench \
      >> "$out/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - start )) s)"
 else
@@ -66,7 +68,7 @@ part() {
 
 part cuda_tests 240 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | tee -a "$summary"
-part on_device_tests 180 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*' \
+part on_device_tests 180 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
   --gtest_output="xml:$out/on_device_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/on_device_tests.log" | tee -a "$summary"
 part demo_on_gpu 300 build-gpu/dschat train --device cuda --no-progress --output-dir "$out/demo_output"
@@ -76,4 +78,8 @@ part step3_bench_gpu 240 build-gpu/benchmarks/dschat_step3_bench --device cuda -
   --batch 16 --prompt 128 --answer 128 --rounds 1 --iters 2 --warmup 1 --python "$python" \
   --out "$out/step3_bench_gpu.json"
 grep -E "^\| |sequences/s" "$out/step3_bench_gpu.log" | tee -a "$summary"
+part checkpoint_bench_gpu 120 build-gpu/benchmarks/dschat_checkpoint_bench --device cuda --model opt-350m --steps 8 \
+  --save-every 4 --batch 4 --seq 256 --rounds 1 --dir "$root/build-gpu/checkpoint_bench" \
+  --out "$out/checkpoint_bench_gpu.json"
+grep -E "^\| |stall per save" "$out/checkpoint_bench_gpu.log" | tee -a "$summary"
 exit $status

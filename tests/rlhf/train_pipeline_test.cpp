@@ -133,10 +133,16 @@ TEST(TrainPipelineMultiproc, TwoRanksRecoverFromADamagedNewestTagAtZeroTwoAndThr
     ASSERT_EQ(testing::run_command(command(write_config(straight.path(), step1)), &out), 0) << out;
 
     const fs::path ckpt = broken / "out/actor_checkpoints";
+    const fs::path config = write_config(broken.path(), step1);
+    // The launcher and both ranks (their command lines name the config) are killed, and gone
+    // before the checkpoints are looked at: an orphaned rank would go on saving. ("[ ]" keeps the
+    // pattern from matching this shell's own command line.)
+    const std::string ranks = "\"sft --config[ ]" + config.string() + "\"";
     const int killed = testing::run_command(
-        "bash -c 'setsid " + command(write_config(broken.path(), step1)) + " > " + (broken / "first.log").string() +
+        "bash -c '" + command(config) + " > " + (broken / "first.log").string() +
             " 2>&1 & pid=$!; for i in $(seq 1200); do grep -qE \"global_step([5-9]|[1-9][0-9])$\" " +
-            (ckpt / "latest").string() + " 2>/dev/null && break; sleep 0.05; done; kill -9 -- -$pid; wait $pid'",
+            (ckpt / "latest").string() + " 2>/dev/null && break; sleep 0.05; done; pkill -9 -f " + ranks +
+            "; while pgrep -f " + ranks + " > /dev/null; do sleep 0.05; done; wait $pid'",
         &out);
     ASSERT_NE(killed, 0) << "the run finished before it could be killed\n" << out;
     std::vector<std::string> tags;
@@ -188,6 +194,22 @@ TEST(TrainPipeline, ResumesAfterAKillInStepThree) {
   const nlohmann::json s = summary(tmp / "out/step3");
   EXPECT_EQ(s.at("steps").get<int64_t>(), 6);
   EXPECT_EQ(s.at("step_rewards").size(), 6u);  // the steps before the kill are kept
+}
+
+// --resume-from goes to the first step the command runs: a tag that is not there is refused,
+// naming it and what the directory holds, before anything is trained.
+TEST(TrainPipeline, ResumeFromATagThatIsNotThereIsRefused) {
+  testing::TempDir tmp;
+  const fs::path config = write_config(tmp.path());
+  std::string out;
+  EXPECT_NE(testing::run_command(cli() + " sft --config " + config.string() + " --no-progress --resume-from global_step99",
+                                 &out),
+            0);
+  EXPECT_NE(out.find("--resume-from global_step99: no such checkpoint in " + (tmp / "out/actor_checkpoints").string() +
+                     " (it holds none)"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(tmp / "out/actor/training_summary.json"));
 }
 
 TEST(TrainPipeline, CtrlCSavesACheckpointAndExitsWith130) {
