@@ -64,7 +64,9 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const nn::A
 
 LlamaModel::LlamaModel(const core::ModelConfig& config)
     : Backbone(config), rotary_(std::make_shared<nn::RotaryFrequencies>(config)) {
-  embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size));
+  embed_tokens =  // transformers' LlamaModel: nn.Embedding(vocab, hidden, pad_token_id)
+      register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size,
+                                                    nn::padding_row(config.pad_token_id, config.vocab_size)));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
   norm = register_module("norm", nn::RmsNorm(nn::RmsNormOptions(config.hidden_size).eps(config.rms_norm_eps)));

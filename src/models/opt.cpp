@@ -92,7 +92,8 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::Att
 
 OptDecoderImpl::OptDecoderImpl(const core::ModelConfig& config) {
   const int64_t e = config.word_embed_proj_dim, h = config.hidden_size;
-  embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, e));
+  // transformers' OPTDecoder: nn.Embedding(vocab, word_embed_proj_dim, pad_token_id).
+  embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, e, nn::padding_row(config.pad_token_id, config.vocab_size)));
   embed_positions =
       register_module("embed_positions", nn::Embedding(config.max_position_embeddings + kPositionOffset, h));
   if (e != h) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "dschat/rlhf/dpo_trainer.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/reward_trainer.h"
 #include "dschat/rlhf/sft_trainer.h"
@@ -16,9 +17,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string step_output(const PipelineConfig& config, int step) {
-  return step == 1 ? config.step1.output_dir : step == 2 ? config.step2.output_dir : config.step3.output_dir;
-}
+std::string step_output(const PipelineConfig& config, int step) { return config.output_of(step); }
 
 // e2e_rlhf.py's verify_model: step 3 needs the step-1 and step-2 models.
 void require_model(const std::string& dir, int step) {
@@ -55,6 +54,10 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
     if (!ran.empty()) step_context.resume_from.clear();  // --resume-from names the first step's tag
     if (step == 1) {
       result.summaries[key] = run_sft(config.step1, step_context).to_json();
+    } else if (step == 2 && config.dpo()) {
+      // The policy and its reference start from step 1's trained model.
+      if (config.step2_dpo.model_name_or_path == config.step1.output_dir) step_context.random_init = false;
+      result.summaries[key] = run_dpo(config.step2_dpo, step_context).to_json();
     } else if (step == 2) {
       // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
       if (config.step2.model_name_or_path == config.step1.output_dir) step_context.random_init = false;

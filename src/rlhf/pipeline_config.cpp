@@ -64,6 +64,23 @@ nlohmann::json with_device(const nlohmann::json& block, const std::string& devic
 
 }  // namespace
 
+const CommonStepConfig& PipelineConfig::common_of(int step) const {
+  return step == 1 ? step1.common : step == 2 ? (dpo() ? step2_dpo.common : step2.common) : step3.common;
+}
+
+CommonStepConfig& PipelineConfig::common_of(int step) {
+  return const_cast<CommonStepConfig&>(static_cast<const PipelineConfig&>(*this).common_of(step));
+}
+
+std::string PipelineConfig::model_of(int step) const {
+  if (step == 3) return step3.actor_model_name_or_path + " + " + step3.critic_model_name_or_path;
+  return step == 1 ? step1.model_name_or_path : dpo() ? step2_dpo.model_name_or_path : step2.model_name_or_path;
+}
+
+const std::string& PipelineConfig::output_of(int step) const {
+  return step == 1 ? step1.output_dir : step == 3 ? step3.output_dir : dpo() ? step2_dpo.output_dir : step2.output_dir;
+}
+
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where) {
   core::JsonObject o(json, where);
   PipelineConfig c;
@@ -79,19 +96,24 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   DSCHAT_CHECK(!c.output_dir.empty(), ConfigError, o.at("output_dir"), " must not be empty");
   c.init = read_one_of(o, "init", c.init, {"pretrained", "random"});
   c.tokenizer = o.get<std::string>("tokenizer", c.tokenizer);
-  c.steps = read_steps(o, c.steps);
+  c.pipeline = read_one_of(o, "pipeline", c.pipeline, {"sft-rm-ppo", "sft-dpo"});
+  c.steps = read_steps(o, c.pipeline == "sft-dpo" ? std::vector<int>{1, 2} : c.steps);
+  DSCHAT_CHECK(c.pipeline != "sft-dpo" || std::find(c.steps.begin(), c.steps.end(), 3) == c.steps.end(), ConfigError,
+               o.at("steps"), ": the sft-dpo pipeline has steps 1 (SFT) and 2 (DPO); there is no step 3");
   // Type-check the nested blocks here (object() throws for a non-object) so the error names the
   // top-level key; their contents are parsed below with their own `where`.
   o.object("data");
   o.object("step1");
   o.object("step2");
   o.object("step3");
+  o.object("step2_dpo");
   o.finish();
 
   DataConfig data = parse_data_config(member(json, "data"), where + ": data");
   c.step1 = parse_sft_config(with_device(member(json, "step1"), c.device), where + ": step1", data);
   c.step2 = parse_reward_config(with_device(member(json, "step2"), c.device), where + ": step2", data);
   c.step3 = parse_ppo_config(with_device(member(json, "step3"), c.device), where + ": step3", data);
+  c.step2_dpo = parse_dpo_config(with_device(member(json, "step2_dpo"), c.device), where + ": step2_dpo", data);
 
   // Chaining, as e2e_rlhf.py passes the step outputs along. Step 2 starts from the base reward
   // model, not from step 1's output (DS-Chat's run_350m.sh loads facebook/opt-350m).
@@ -102,6 +124,8 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   if (c.step3.actor_model_name_or_path.empty()) c.step3.actor_model_name_or_path = c.step1.output_dir;
   if (c.step3.critic_model_name_or_path.empty()) c.step3.critic_model_name_or_path = c.step2.output_dir;
   if (c.step3.output_dir.empty()) c.step3.output_dir = join_path(c.output_dir, "step3");
+  if (c.step2_dpo.model_name_or_path.empty()) c.step2_dpo.model_name_or_path = c.step1.output_dir;
+  if (c.step2_dpo.output_dir.empty()) c.step2_dpo.output_dir = join_path(c.output_dir, "dpo");
   return c;
 }
 

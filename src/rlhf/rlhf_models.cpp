@@ -48,6 +48,13 @@ RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_
   return placement;
 }
 
+models::CausalLM load_frozen_causal_lm(const std::string& path, const ModelPlacement& at,
+                                       const models::LoadOptions& load, const StepContext& context,
+                                       std::unique_ptr<engine::ZeroInferenceEngine>& engine) {
+  auto load_copy = [&](const models::LoadOptions& options) { return models::load_causal_lm(path, options); };
+  return load_frozen<models::CausalLM>(at, load, context, load_copy, engine);
+}
+
 torch::Device parameter_device(const torch::nn::Module& module) {
   for (const torch::Tensor& p : module.parameters()) return p.device();
   return torch::kCPU;

@@ -186,6 +186,29 @@ RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& 
   return c;
 }
 
+DpoConfig parse_dpo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data) {
+  JsonObject o(object_or_empty(json), where);
+  DpoConfig c;
+  c.model.learning_rate = 1e-3;  // step2_dpo_finetuning's --learning_rate default
+  accept_description(o);
+  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
+  c.data = read_step_data(o, data);
+  read_common(o, c.common);
+  read_model(o, "", c.model);
+  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
+  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
+  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  c.beta = read_nonnegative(o, "beta", c.beta);
+  c.label_smoothing = core::check_range(o, "label_smoothing", o.get<double>("label_smoothing", c.label_smoothing),
+                                        0.0, 0.5);
+  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
+  c.eval_interval = read_min(o, "eval_interval", c.eval_interval, 0);
+  c.eval_iters = read_min(o, "eval_iters", c.eval_iters, 1);
+  c.output_dir = o.get<std::string>("output_dir", c.output_dir);
+  o.finish();
+  return c;
+}
+
 PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data) {
   JsonObject o(object_or_empty(json), where);
   PpoConfig c;

@@ -267,6 +267,32 @@ TEST(PipelineConfig, ChainsModelAndOutputPaths) {
   EXPECT_EQ(given.step3.actor_model_name_or_path, "/o/actor");
 }
 
+// The sft-dpo pipeline: steps 1 and 2, step 2 being DPO from step 1's model into <out>/dpo, with
+// step2_dpo_finetuning's defaults; step 3 and out-of-range DPO keys are refused by name.
+TEST(PipelineConfig, SftDpoPipelineChainsStepOneIntoDpo) {
+  rlhf::PipelineConfig c = parse_pipeline_config({{"pipeline", "sft-dpo"}, {"actor_model", "A"}, {"output_dir", "/o"},
+                                                  {"step2_dpo", {{"beta", 0.2}}}},
+                                                 "my.json");
+  EXPECT_TRUE(c.dpo());
+  EXPECT_EQ(c.steps, (std::vector<int>{1, 2}));
+  EXPECT_EQ(c.step2_dpo.model_name_or_path, "/o/actor");
+  EXPECT_EQ(c.step2_dpo.output_dir, "/o/dpo");
+  EXPECT_EQ(c.output_of(2), "/o/dpo");
+  EXPECT_EQ(&c.common_of(2), &c.step2_dpo.common);
+  EXPECT_DOUBLE_EQ(c.step2_dpo.beta, 0.2);
+  EXPECT_DOUBLE_EQ(c.step2_dpo.label_smoothing, 0.0);
+  EXPECT_DOUBLE_EQ(c.step2_dpo.model.learning_rate, 1e-3);  // main.py's --learning_rate default
+  EXPECT_EQ(c.step2_dpo.per_device_train_batch_size, 16);
+  EXPECT_FALSE(c.step2_dpo.offload_reference_model);
+  EXPECT_FALSE(parse_pipeline_config({{"output_dir", "/o"}}, "my.json").dpo());
+  EXPECT_THROW_WITH(parse_pipeline_config({{"pipeline", "sft-dpo"}, {"steps", {1, 3}}}, "my.json"), core::ConfigError,
+                    "there is no step 3");
+  EXPECT_THROW_WITH(parse_pipeline_config({{"pipeline", "sft-ppo"}}, "my.json"), core::ConfigError, "pipeline");
+  EXPECT_THROW_WITH(parse_pipeline_config({{"step2_dpo", {{"label_smoothing", 0.7}}}}, "my.json"), core::ConfigError,
+                    "label_smoothing");
+  EXPECT_THROW_WITH(parse_pipeline_config({{"step2_dpo", {{"betta", 0.1}}}}, "my.json"), core::ConfigError, "beta");
+}
+
 TEST(PipelineConfig, TopLevelDeviceIsEveryStepsDefault) {
   rlhf::PipelineConfig c = parse_pipeline_config(json::object(), "my.json");
   EXPECT_EQ(c.device, "auto");

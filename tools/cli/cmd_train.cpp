@@ -1,4 +1,4 @@
-// `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo
+// `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo|dpo
 // --config F` (one step from a config file in the `dschat train` format), `dschat eval-rm`.
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
 #include <iostream>
@@ -19,7 +19,7 @@ namespace {
 
 struct TrainFlags {
   app::TrainArguments args;
-  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device, resume_from;
+  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device, resume_from, pipeline;
   bool no_progress = false;
   bool dry_run = false;
   app::TrainArguments resolved() const {
@@ -35,6 +35,7 @@ struct TrainFlags {
     set(out.init, init);
     set(out.tokenizer, tokenizer);
     set(out.device, device);
+    set(out.pipeline, pipeline);
     out.local_rank = app::launcher_local_rank();
     return out;
   }
@@ -64,7 +65,8 @@ void run_train(const TrainFlags& flags) {
   }
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
-  if (!plan.demo || !is_rank0(context)) return;
+  // The table compares SFT with PPO and scores with the reward model: not for the DPO pipeline.
+  if (!plan.demo || !is_rank0(context) || plan.config.dpo()) return;
   // The table compares the step-1 and step-3 models: only once all three steps have finished.
   for (const char* step : {"step1", "step2", "step3"}) {
     if (!result.summaries.contains(step)) {
@@ -89,7 +91,7 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
                  "intact one; later tags are moved aside as <tag>.superseded");
 }
 
-// `dschat sft|rm|ppo`: the pipeline with only that step.
+// `dschat sft|rm|ppo|dpo`: the pipeline with only that step (dpo: step 2 of sft-dpo).
 void add_step_command(CLI::App& app, const std::string& name, int step, const std::string& help) {
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(name, help);
@@ -97,9 +99,10 @@ void add_step_command(CLI::App& app, const std::string& name, int step, const st
   cmd->add_option("--actor", f->actor, "Actor model (step 1's input; step 3 uses <out>/actor unless set)");
   cmd->add_option("--reward", f->reward, "Reward model (step 2's input)");
   cmd->add_option("--deployment", f->deployment, "single_gpu | single_node | multi_node (selects the preset)");
-  cmd->callback([f, step] {
+  cmd->callback([f, step, name] {
     TrainFlags flags = *f;
     flags.args.steps = {step};
+    if (name == "dpo") flags.pipeline = "sft-dpo";
     if (flags.config_file.empty() && flags.actor.empty() && flags.reward.empty() && flags.deployment.empty()) {
       throw core::InvalidArgument("dschat step commands need --config F, or --actor/--reward/--deployment to pick a "
                                   "preset (`dschat train` with no arguments runs the demo)");
@@ -127,10 +130,14 @@ void add_train_commands(CLI::App& app) {
   cmd->add_option("--deployment", f->deployment, "single_gpu | single_node | multi_node")
       ->check(CLI::IsMember({"single_gpu", "single_node", "multi_node"}));
   cmd->add_option("--step", f->args.steps, "Steps to run, in order (default 1 2 3)")->check(CLI::Range(1, 3));
+  cmd->add_option("--pipeline", f->pipeline,
+                  "sft-rm-ppo (default: DeepSpeed-Chat's three steps) or sft-dpo (step 1, then DPO as step 2)");
   cmd->callback([f] { run_train(*f); });
   add_step_command(app, "sft", 1, "Step 1 only: supervised fine-tuning of the actor");
   add_step_command(app, "rm", 2, "Step 2 only: reward model");
   add_step_command(app, "ppo", 3, "Step 3 only: PPO (actor, reference, critic, reward)");
+  add_step_command(app, "dpo", 2,
+                   "DPO only (DeepSpeed-Chat's step2_dpo_finetuning): the \"step2_dpo\" block, from step 1's model");
 
   auto e = std::make_shared<EvalRmFlags>();
   auto* eval = app.add_subcommand("eval-rm", "Reward-model accuracy and mean scores on a dataset's phase-2 eval split");

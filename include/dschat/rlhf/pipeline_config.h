@@ -114,6 +114,24 @@ struct RewardConfig {
   std::string output_dir;
 };
 
+/// DeepSpeed-Chat's step2_dpo_finetuning: the SFT model trained on the phase-2 pairs against a
+/// frozen copy of itself (dpo_trainer.h). Defaults as its main.py's flags.
+struct DpoConfig {
+  std::string model_name_or_path;  // required (the SFT output in `dschat train --pipeline sft-dpo`)
+  DataConfig data;
+  CommonStepConfig common;
+  ModelTrainingConfig model;  // learning_rate 1e-3 (main.py's default)
+  int64_t per_device_train_batch_size = 16;
+  int64_t per_device_eval_batch_size = 16;
+  int64_t max_seq_len = 512;
+  double beta = 0.1;             // --beta: the temperature of the implicit reward
+  double label_smoothing = 0.0;  // --label_smoothing: conservative DPO's ε, in [0, 0.5]
+  bool offload_reference_model = false;
+  int64_t eval_interval = 0;  // > 0: evaluate every N optimizer steps (ours)
+  int64_t eval_iters = 100;   // at most this many eval batches per evaluation (ours)
+  std::string output_dir;
+};
+
 /// How experience answers are decoded. DS-Chat passes no sampling arguments, so an OPT actor
 /// decodes greedily; these are ours and default to that.
 struct ExperienceSampling {
@@ -174,12 +192,23 @@ struct PipelineConfig {
   std::string output_dir = "./output";
   std::string init = "pretrained";  // pretrained | random (build the named shapes, random weights)
   std::string tokenizer;            // "" : the actor model's directory
+  /// "sft-rm-ppo" (DeepSpeed-Chat's three steps) or "sft-dpo" (step 1, then DPO as step 2).
+  std::string pipeline = "sft-rm-ppo";
   std::vector<int> steps = {1, 2, 3};
   /// End `dschat train` with the demo's held-out table (demo_report.h); configs/demo.json sets it.
   bool demo_report = false;
   SftConfig step1;
   RewardConfig step2;
   PpoConfig step3;
+  DpoConfig step2_dpo;  // step 2 of the sft-dpo pipeline
+
+  bool dpo() const { return pipeline == "sft-dpo"; }
+  /// The common keys of step 1, 2 or 3 of this pipeline (step 2 of sft-dpo: step2_dpo's).
+  const CommonStepConfig& common_of(int step) const;
+  CommonStepConfig& common_of(int step);
+  /// The model step `step` starts from (step 3: "<actor> + <critic>") and its output directory.
+  std::string model_of(int step) const;
+  const std::string& output_of(int step) const;
 };
 
 /// RFC 7386 merge patch: objects merge key by key (recursively), null deletes, anything else
@@ -193,12 +222,14 @@ nlohmann::json merge_config(nlohmann::json base, const nlohmann::json& patch);
 SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
 RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
 PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
+DpoConfig parse_dpo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
 DataConfig parse_data_config(const nlohmann::json& json, const std::string& where);
 
-/// The whole file: top-level keys, "data", "step1", "step2", "step3". Fills the model paths
+/// The whole file: top-level keys, "data", "step1", "step2", "step3", "step2_dpo". Fills the model paths
 /// the steps chain through (step1.model <- actor_model, step2.model <- reward_model,
 /// step3.actor <- <out>/actor, step3.critic <- <out>/reward, output dirs under output_dir) where
-/// the file leaves them empty.
+/// the file leaves them empty; step2_dpo starts from step 1's output and writes <out>/dpo.
+/// "pipeline": "sft-dpo" runs steps 1 and 2 (step 2 being DPO); step 3 is refused there.
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where);
 
 /// The preset for (deployment, actor size, reward size) as JSON: DS-Chat's e2e_rlhf.py choice of

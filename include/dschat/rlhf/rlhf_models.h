@@ -50,6 +50,13 @@ struct RlhfPlacement {
 /// partitioned (DS-Chat does both as for the reference): it is updated every micro-step.
 RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype);
 
+/// A frozen causal LM from `path` (the reference of step 3 and of DPO) where `at` places it,
+/// requires_grad off and in eval mode: replicated, or loaded partitioned and held by a ZeRO-3
+/// inference engine that `engine` receives (at.zero3). `load` gives the rest (dropout, random_init).
+models::CausalLM load_frozen_causal_lm(const std::string& path, const ModelPlacement& at,
+                                       const models::LoadOptions& load, const StepContext& context,
+                                       std::unique_ptr<engine::ZeroInferenceEngine>& engine);
+
 /// The device of a module's parameters (the first one's; the CPU for a module without any).
 torch::Device parameter_device(const torch::nn::Module& module);
 

@@ -39,8 +39,10 @@ bool is_demo(const TrainArguments& args) {
 // for: a dtype that came from a preset (or DS-Chat's fp16 default) runs as fp32 there. A dtype
 // the user's file set for the step is kept.
 void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& user_file, int64_t local_rank) {
-  const std::pair<const char*, CommonStepConfig*> steps[] = {
-      {"step1", &config.step1.common}, {"step2", &config.step2.common}, {"step3", &config.step3.common}};
+  const std::pair<const char*, CommonStepConfig*> steps[] = {{"step1", &config.step1.common},
+                                                             {"step2", &config.step2.common},
+                                                             {"step3", &config.step3.common},
+                                                             {"step2_dpo", &config.step2_dpo.common}};
   for (const auto& [name, common] : steps) {
     const bool user_set = user_file.is_object() && user_file.contains(name) && user_file[name].is_object() &&
                           user_file[name].contains("dtype");
@@ -67,7 +69,7 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
       dir = bundled_path(dir.get<std::string>(), source_dir);
     };
     resolve_data_dir(json);
-    for (const char* step : {"step1", "step2", "step3"}) {
+    for (const char* step : {"step1", "step2", "step3", "step2_dpo"}) {
       if (json.contains(step)) resolve_data_dir(json[step]);
     }
   } else {
@@ -98,13 +100,14 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
   }
   if (args.device) {
     json["device"] = *args.device;
-    for (const char* step : {"step1", "step2", "step3"}) {
+    for (const char* step : {"step1", "step2", "step3", "step2_dpo"}) {
       if (json.contains(step) && json[step].is_object()) json[step].erase("device");
     }
   }
   if (args.output_dir) json["output_dir"] = *args.output_dir;
   if (args.init) json["init"] = *args.init;
   if (args.tokenizer) json["tokenizer"] = *args.tokenizer;
+  if (args.pipeline) json["pipeline"] = *args.pipeline;
   if (!args.steps.empty()) json["steps"] = args.steps;
   if (!args.data_path.empty()) json["data"]["data_path"] = args.data_path;
   return json;
@@ -132,14 +135,11 @@ std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
   const PipelineConfig& c = plan.config;
   std::string out;
   for (int step : c.steps) {
-    const CommonStepConfig& common = step == 1 ? c.step1.common : step == 2 ? c.step2.common : c.step3.common;
-    const std::string model = step == 1   ? c.step1.model_name_or_path
-                              : step == 2 ? c.step2.model_name_or_path
-                                          : c.step3.actor_model_name_or_path + " + " + c.step3.critic_model_name_or_path;
+    const CommonStepConfig& common = c.common_of(step);
     const std::string name = "step" + std::to_string(step);
     const torch::Device device = core::resolve_device(common.device, name + ": key 'device'", local_rank);
-    out += name + ": " + (step == 1 ? "sft" : step == 2 ? "rm " : "ppo") + "  device " + device.str() + "  dtype " +
-           common.dtype + "  model " + model + "\n";
+    out += name + ": " + (step == 1 ? "sft" : step == 3 ? "ppo" : c.dpo() ? "dpo" : "rm ") + "  device " + device.str() +
+           "  dtype " + common.dtype + "  model " + c.model_of(step) + "\n";
   }
   return out;
 }
@@ -160,8 +160,7 @@ int64_t launcher_local_rank() {
 
 torch::Device pipeline_device(const PipelineConfig& config, int64_t local_rank) {
   const int first = config.steps.empty() ? 1 : config.steps.front();
-  const CommonStepConfig& common =
-      first == 1 ? config.step1.common : first == 2 ? config.step2.common : config.step3.common;
+  const CommonStepConfig& common = config.common_of(first);
   return core::resolve_device(common.device, "step" + std::to_string(first) + ": key 'device'", local_rank);
 }
 

@@ -19,7 +19,7 @@ namespace dschat {
 namespace app {
 
 struct TrainArguments {
-  std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer, device;
+  std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer, device, pipeline;
   /// The launcher's LOCAL_RANK (-1: not launched), for resolving "auto"/"cuda".
   int64_t local_rank = -1;
   std::vector<int> steps;
