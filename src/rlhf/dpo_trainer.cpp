@@ -125,11 +125,7 @@ DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, Me
   models.config = &config;
   models.pad = pad_token_of(tokenizer);
   models.device = step_device(config.common, context, where);
-  models::LoadOptions load;
-  load.device = models.device;
-  load.dtype = step_dtype(config.common.dtype, where);
-  load.random_init = context.random_init;
-  load.dropout = config.model.dropout;
+  models::LoadOptions load = step_load_options(config.common, config.model, context, models.device, where);
   const bool zero3 = config.model.zero_stage == 3;
   // DS-Chat's reference: get_eval_ds_config(offload_reference_model, stage 3 if the policy's is, else 0).
   const ModelPlacement reference_at =

@@ -125,11 +125,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   const int64_t npb = result.num_padding_at_beginning;
 
   const torch::Device device = step_device(config.common, context, where);
-  models::LoadOptions load;
-  load.device = device;
-  load.dtype = step_dtype(config.common.dtype, where);
-  load.random_init = context.random_init;
-  load.dropout = config.model.dropout;
+  models::LoadOptions load = step_load_options(config.common, config.model, context, device, where);
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);

@@ -84,11 +84,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   }
 
   const torch::Device device = step_device(config.common, context, where);
-  models::LoadOptions load;
-  load.device = device;
-  load.dtype = step_dtype(config.common.dtype, where);
-  load.random_init = context.random_init;
-  load.dropout = config.model.dropout;
+  models::LoadOptions load = step_load_options(config.common, config.model, context, device, where);
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);

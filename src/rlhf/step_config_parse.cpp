@@ -132,6 +132,20 @@ void read_model(JsonObject& o, const std::string& prefix, ModelTrainingConfig& m
 // A free-text note (presets name the DS-Chat script they mirror).
 void accept_description(JsonObject& o) { o.get<nlohmann::json>("description", nullptr); }
 
+// The keys of steps 1, 2 and DPO alike: the model to start from, data, the common and model keys,
+// batch sizes and max_seq_len.
+template <typename Config>
+void read_supervised_keys(JsonObject& o, Config& c, const DataConfig& data) {
+  accept_description(o);
+  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
+  c.data = read_step_data(o, data);
+  read_common(o, c.common);
+  read_model(o, "", c.model);
+  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
+  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
+  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+}
+
 }  // namespace
 
 DataConfig parse_data_config(const nlohmann::json& json, const std::string& where) {
@@ -146,14 +160,7 @@ SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where,
   JsonObject o(object_or_empty(json), where);
   SftConfig c;
   c.model.learning_rate = 1e-3;  // step 1's --learning_rate default
-  accept_description(o);
-  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
-  c.data = read_step_data(o, data);
-  read_common(o, c.common);
-  read_model(o, "", c.model);
-  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
-  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
-  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  read_supervised_keys(o, c, data);
   c.eot_token = o.get<std::string>("eot_token", c.eot_token);
   c.print_loss = o.get<bool>("print_loss", c.print_loss);
   c.answer_only_loss = o.get<bool>("answer_only_loss", c.answer_only_loss);
@@ -166,14 +173,7 @@ RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& 
   JsonObject o(object_or_empty(json), where);
   RewardConfig c;
   c.model.learning_rate = 5e-5;  // step 2's --learning_rate default
-  accept_description(o);
-  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
-  c.data = read_step_data(o, data);
-  read_common(o, c.common);
-  read_model(o, "", c.model);
-  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
-  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
-  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  read_supervised_keys(o, c, data);
   if (o.has("num_padding_at_beginning")) {
     c.num_padding_at_beginning = read_min(o, "num_padding_at_beginning", 0, 0);
   } else {
@@ -190,14 +190,7 @@ DpoConfig parse_dpo_config(const nlohmann::json& json, const std::string& where,
   JsonObject o(object_or_empty(json), where);
   DpoConfig c;
   c.model.learning_rate = 1e-3;  // step2_dpo_finetuning's --learning_rate default
-  accept_description(o);
-  c.model_name_or_path = o.get<std::string>("model_name_or_path", c.model_name_or_path);
-  c.data = read_step_data(o, data);
-  read_common(o, c.common);
-  read_model(o, "", c.model);
-  c.per_device_train_batch_size = read_min(o, "per_device_train_batch_size", c.per_device_train_batch_size, 1);
-  c.per_device_eval_batch_size = read_min(o, "per_device_eval_batch_size", c.per_device_eval_batch_size, 1);
-  c.max_seq_len = read_min(o, "max_seq_len", c.max_seq_len, 1);
+  read_supervised_keys(o, c, data);
   c.beta = read_nonnegative(o, "beta", c.beta);
   c.label_smoothing = core::check_range(o, "label_smoothing", o.get<double>("label_smoothing", c.label_smoothing),
                                         0.0, 0.5);

@@ -114,6 +114,17 @@ std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<tor
   return std::make_unique<engine::TrainingEngine>(std::move(module), std::move(options));
 }
 
+models::LoadOptions step_load_options(const CommonStepConfig& common, const ModelTrainingConfig& model,
+                                      const StepContext& context, const torch::Device& device,
+                                      const std::string& where) {
+  models::LoadOptions load;
+  load.device = device;
+  load.dtype = step_dtype(common.dtype, where);
+  load.random_init = context.random_init;
+  load.dropout = model.dropout;
+  return load;
+}
+
 std::shared_ptr<models::DeferredParameters> defer_load_at_stage3(models::LoadOptions& load, int zero_stage) {
   if (zero_stage != 3) return nullptr;
   auto deferred = std::make_shared<models::DeferredParameters>();
