@@ -97,22 +97,29 @@ void move_aside(const fs::path& from, const std::string& suffix) {
 
 }  // namespace
 
-std::string StepRunner::requested_resume_tag() {
-  const std::string& tag = context_.resume_from;
-  const fs::path primary = part_dir(parts_.front());
-  std::string available;
-  for (const engine::CheckpointTag& t : engine::list_checkpoint_tags(primary)) available += " " + t.tag;
-  DSCHAT_CHECK(fs::is_directory(primary / tag), NotFound, name_, ": --resume-from ", tag, ": no such checkpoint in ",
-               primary.string(), available.empty() ? " (it holds none)" : "; it holds:" + available);
+std::string StepRunner::fault_in_parts(const std::string& tag) const {
   for (size_t i = 0; i < parts_.size(); ++i) {
     const fs::path dir = part_dir(parts_[i]);
     if (i > 0 && !fs::exists(dir)) continue;  // a part this run does not write
-    const std::string fault = tag_fault(dir, tag, i == 0 || fs::exists(dir / "latest"));
-    DSCHAT_CHECK(fault.empty(), FormatError, name_, ": --resume-from ", tag, ": the checkpoint is damaged (", fault,
-                 "); intact tags are found by `dschat ckpt verify ", primary.string(), "`");
+    // Parts other than the first are engine checkpoints when they have a `latest` (step 3's critic).
+    std::string fault = tag_fault(dir, tag, i == 0 || fs::exists(dir / "latest"));
+    if (!fault.empty()) return fault;
   }
-  // The tags saved after it belong to the run being abandoned: set aside, not deleted.
+  return "";
+}
+
+std::string StepRunner::requested_resume_tag() {
+  const std::string& tag = context_.resume_from;
+  const fs::path primary = part_dir(parts_.front());
   const std::vector<engine::CheckpointTag> tags = engine::list_checkpoint_tags(primary);
+  std::string available;
+  for (const engine::CheckpointTag& t : tags) available += " " + t.tag;
+  DSCHAT_CHECK(fs::is_directory(primary / tag), NotFound, name_, ": --resume-from ", tag, ": no such checkpoint in ",
+               primary.string(), available.empty() ? " (it holds none)" : "; it holds:" + available);
+  const std::string fault = fault_in_parts(tag);
+  DSCHAT_CHECK(fault.empty(), FormatError, name_, ": --resume-from ", tag, ": the checkpoint is damaged (", fault,
+               "); intact tags are found by `dschat ckpt verify ", primary.string(), "`");
+  // The tags saved after it belong to the run being abandoned: set aside, not deleted.
   int64_t chosen_step = -1;
   for (const engine::CheckpointTag& t : tags) {
     if (t.tag == tag) chosen_step = t.global_steps;
@@ -135,12 +142,7 @@ std::string StepRunner::choose_resume_tag() {
     if (std::find(candidates.begin(), candidates.end(), it->tag) == candidates.end()) candidates.push_back(it->tag);
   }
   for (const std::string& tag : candidates) {
-    std::string fault;
-    for (size_t i = 0; i < parts_.size() && fault.empty(); ++i) {
-      // Parts other than the first are engine checkpoints when they have a `latest` (step 3's critic).
-      if (i > 0 && !fs::exists(part_dir(parts_[i]))) continue;  // a part this run does not write
-      fault = tag_fault(part_dir(parts_[i]), tag, i == 0 || fs::exists(part_dir(parts_[i]) / "latest"));
-    }
+    const std::string fault = fault_in_parts(tag);
     if (fault.empty()) return tag;
     core::log_warn(name_, ": checkpoint ", tag, " cannot be resumed from (", fault, "); moved aside as ", tag,
                    ".corrupt, trying an older one");

@@ -97,6 +97,8 @@ class StepRunner {
   // the newest intact one.
   std::string choose_resume_tag();
   std::string requested_resume_tag();
+  // Why `tag` cannot be resumed from in some part of the step's checkpoint, or "" when it can.
+  std::string fault_in_parts(const std::string& tag) const;
   void remove_old_tags();  // retention's deletions (rank 0)
 
   std::string name_;
