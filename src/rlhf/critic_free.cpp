@@ -42,11 +42,12 @@ std::pair<torch::Tensor, torch::Tensor> clipped_surrogate(const torch::Tensor& r
 }
 
 void check_tokens(const torch::Tensor& logps, const torch::Tensor& mask, const torch::Tensor& advantages,
-                  const char* who) {
-  DSCHAT_CHECK(logps.dim() == 2 && mask.sizes() == logps.sizes() && advantages.dim() == 1 &&
-                   advantages.size(0) == logps.size(0),
-               InvalidArgument, who, ": expects log-probs and mask [B, T] and advantages [B], got ", logps.sizes(), ", ",
-               mask.sizes(), " and ", advantages.sizes());
+                  const char* who, bool token_advantages = false) {
+  const bool advantages_fit = (advantages.dim() == 1 && advantages.size(0) == logps.size(0)) ||
+                              (token_advantages && advantages.sizes() == logps.sizes());
+  DSCHAT_CHECK(logps.dim() == 2 && mask.sizes() == logps.sizes() && advantages_fit, InvalidArgument, who,
+               ": expects log-probs and mask [B, T] and advantages [B]", token_advantages ? " or [B, T]" : "",
+               ", got ", logps.sizes(), ", ", mask.sizes(), " and ", advantages.sizes());
 }
 
 }  // namespace
@@ -81,7 +82,7 @@ torch::Tensor grpo_advantages(const torch::Tensor& rewards_per_func, const torch
 PolicyLossOutput grpo_policy_loss(const torch::Tensor& logps, const torch::Tensor& old_logps,
                                   const torch::Tensor& ref_logps, const torch::Tensor& mask,
                                   const torch::Tensor& advantages, const GrpoLossOptions& options) {
-  check_tokens(logps, mask, advantages, "grpo_policy_loss");
+  check_tokens(logps, mask, advantages, "grpo_policy_loss", /*token_advantages=*/true);
   DSCHAT_CHECK(options.beta == 0.0 || (ref_logps.defined() && ref_logps.sizes() == logps.sizes()), InvalidArgument,
                "grpo_policy_loss: beta ", options.beta, " needs reference log-probs shaped as the policy's ",
                logps.sizes());
@@ -93,13 +94,16 @@ PolicyLossOutput grpo_policy_loss(const torch::Tensor& logps, const torch::Tenso
   }
   const torch::Tensor ratio = log_ratio.exp();
   auto [per_token, bound] =
-      clipped_surrogate(ratio, advantages.unsqueeze(1).to(ratio.scalar_type()), options.epsilon_low,
+      clipped_surrogate(ratio, (advantages.dim() == 1 ? advantages.unsqueeze(1) : advantages).to(ratio.scalar_type()),
+                        options.epsilon_low,
                         options.epsilon_high);  // [B, T] or [B, 1]
   torch::Tensor mean_kl = torch::zeros({}, logps.options().requires_grad(false));
   const torch::Tensor tokens = m.sum().clamp_min(1.0);  // []
   if (options.beta != 0.0) {
-    const torch::Tensor d = ref_logps - logps;  // [B, T]: k3 with ref - logps, as TRL
-    const torch::Tensor kl = d.exp() - d - 1.0;
+    const torch::Tensor d = ref_logps - logps;  // [B, T]
+    // k3 with ref - logps and no clamp, as TRL; k1/k2 as OpenRLHF's compute_approx_kl.
+    const torch::Tensor kl = options.kl_estimator == KlEstimator::kK3 ? d.exp() - d - 1.0
+                                                                      : approx_kl(logps, ref_logps, options.kl_estimator);
     per_token = per_token + options.beta * kl;  // added after the min, per token
     mean_kl = ((kl * m).sum() / tokens).detach();
   }

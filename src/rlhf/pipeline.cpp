@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "dschat/rlhf/critic_free_trainer.h"
 #include "dschat/rlhf/dpo_trainer.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/reward_trainer.h"
@@ -58,6 +59,9 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
       // The policy and its reference start from step 1's trained model.
       if (config.step2_dpo.model_name_or_path == config.step1.output_dir) step_context.random_init = false;
       result.summaries[key] = run_dpo(config.step2_dpo, step_context).to_json();
+    } else if (step == 2 && config.critic_free()) {
+      if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) step_context.random_init = false;
+      result.summaries[key] = run_grpo(config.step2_grpo, step_context).to_json();
     } else if (step == 2) {
       // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
       if (config.step2.model_name_or_path == config.step1.output_dir) step_context.random_init = false;

@@ -64,8 +64,24 @@ nlohmann::json with_device(const nlohmann::json& block, const std::string& devic
 
 }  // namespace
 
+const std::vector<std::string>& step_block_names() {
+  static const std::vector<std::string> kNames = {"step1", "step2", "step3", "step2_dpo", "step2_grpo"};
+  return kNames;
+}
+
+std::string PipelineConfig::kind_of(int step) const {
+  if (step == 1) return "sft";
+  if (step == 3) return "ppo";
+  return dpo() ? "dpo" : critic_free() ? "grpo" : "rm";
+}
+
 const CommonStepConfig& PipelineConfig::common_of(int step) const {
-  return step == 1 ? step1.common : step == 2 ? (dpo() ? step2_dpo.common : step2.common) : step3.common;
+  const std::string kind = kind_of(step);
+  return kind == "sft"    ? step1.common
+         : kind == "ppo"  ? step3.common
+         : kind == "dpo"  ? step2_dpo.common
+         : kind == "grpo" ? step2_grpo.common
+                          : step2.common;
 }
 
 CommonStepConfig& PipelineConfig::common_of(int step) {
@@ -73,12 +89,21 @@ CommonStepConfig& PipelineConfig::common_of(int step) {
 }
 
 std::string PipelineConfig::model_of(int step) const {
-  if (step == 3) return step3.actor_model_name_or_path + " + " + step3.critic_model_name_or_path;
-  return step == 1 ? step1.model_name_or_path : dpo() ? step2_dpo.model_name_or_path : step2.model_name_or_path;
+  const std::string kind = kind_of(step);
+  if (kind == "ppo") return step3.actor_model_name_or_path + " + " + step3.critic_model_name_or_path;
+  return kind == "sft"    ? step1.model_name_or_path
+         : kind == "dpo"  ? step2_dpo.model_name_or_path
+         : kind == "grpo" ? step2_grpo.actor_model_name_or_path
+                          : step2.model_name_or_path;
 }
 
 const std::string& PipelineConfig::output_of(int step) const {
-  return step == 1 ? step1.output_dir : step == 3 ? step3.output_dir : dpo() ? step2_dpo.output_dir : step2.output_dir;
+  const std::string kind = kind_of(step);
+  return kind == "sft"    ? step1.output_dir
+         : kind == "ppo"  ? step3.output_dir
+         : kind == "dpo"  ? step2_dpo.output_dir
+         : kind == "grpo" ? step2_grpo.output_dir
+                          : step2.output_dir;
 }
 
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where) {
@@ -96,17 +121,17 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   DSCHAT_CHECK(!c.output_dir.empty(), ConfigError, o.at("output_dir"), " must not be empty");
   c.init = read_one_of(o, "init", c.init, {"pretrained", "random"});
   c.tokenizer = o.get<std::string>("tokenizer", c.tokenizer);
-  c.pipeline = read_one_of(o, "pipeline", c.pipeline, {"sft-rm-ppo", "sft-dpo"});
-  c.steps = read_steps(o, c.pipeline == "sft-dpo" ? std::vector<int>{1, 2} : c.steps);
-  DSCHAT_CHECK(c.pipeline != "sft-dpo" || std::find(c.steps.begin(), c.steps.end(), 3) == c.steps.end(), ConfigError,
-               o.at("steps"), ": the sft-dpo pipeline has steps 1 (SFT) and 2 (DPO); there is no step 3");
+  c.pipeline = read_one_of(o, "pipeline", c.pipeline,
+                           {"sft-rm-ppo", "sft-dpo", "sft-grpo", "sft-rloo", "sft-reinforce_pp"});
+  const bool two_steps = c.pipeline != "sft-rm-ppo";
+  c.steps = read_steps(o, two_steps ? std::vector<int>{1, 2} : c.steps);
+  DSCHAT_CHECK(!two_steps || std::find(c.steps.begin(), c.steps.end(), 3) == c.steps.end(), ConfigError,
+               o.at("steps"), ": the ", c.pipeline, " pipeline has steps 1 (SFT) and 2 (",
+               c.pipeline.substr(4), "); there is no step 3");
   // Type-check the nested blocks here (object() throws for a non-object) so the error names the
   // top-level key; their contents are parsed below with their own `where`.
   o.object("data");
-  o.object("step1");
-  o.object("step2");
-  o.object("step3");
-  o.object("step2_dpo");
+  for (const std::string& block : step_block_names()) o.object(block);
   o.finish();
 
   DataConfig data = parse_data_config(member(json, "data"), where + ": data");
@@ -114,6 +139,14 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   c.step2 = parse_reward_config(with_device(member(json, "step2"), c.device), where + ": step2", data);
   c.step3 = parse_ppo_config(with_device(member(json, "step3"), c.device), where + ": step3", data);
   c.step2_dpo = parse_dpo_config(with_device(member(json, "step2_dpo"), c.device), where + ": step2_dpo", data);
+  // The pipeline names the estimator (sft-grpo: grpo); the block's defaults follow it.
+  const std::string estimator = c.critic_free() ? c.pipeline.substr(4) : "";
+  c.step2_grpo =
+      parse_grpo_config(with_device(member(json, "step2_grpo"), c.device), where + ": step2_grpo", data, estimator);
+  const bool runs_grpo = c.critic_free() && std::find(c.steps.begin(), c.steps.end(), 2) != c.steps.end();
+  DSCHAT_CHECK(!runs_grpo || !c.step2_grpo.rewards.empty(), ConfigError, where,
+               ": step2_grpo: key 'rewards' is required by the ", c.pipeline,
+               " pipeline: at least one reward source, e.g. [{\"type\": \"exact_match\"}]");
 
   // Chaining, as e2e_rlhf.py passes the step outputs along. Step 2 starts from the base reward
   // model, not from step 1's output (DS-Chat's run_350m.sh loads facebook/opt-350m).
@@ -126,6 +159,8 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   if (c.step3.output_dir.empty()) c.step3.output_dir = join_path(c.output_dir, "step3");
   if (c.step2_dpo.model_name_or_path.empty()) c.step2_dpo.model_name_or_path = c.step1.output_dir;
   if (c.step2_dpo.output_dir.empty()) c.step2_dpo.output_dir = join_path(c.output_dir, "dpo");
+  if (c.step2_grpo.actor_model_name_or_path.empty()) c.step2_grpo.actor_model_name_or_path = c.step1.output_dir;
+  if (c.step2_grpo.output_dir.empty()) c.step2_grpo.output_dir = join_path(c.output_dir, "grpo");
   return c;
 }
 

@@ -134,32 +134,6 @@ class PpoStepReports {
 
 }  // namespace
 
-namespace {
-
-// Step 3's EMA weights for checkpoint `tag`: <ema_dir>/<tag>/, staged as .tmp-<tag> and renamed,
-// so a tag directory is complete or absent. Given the writer, from host copies on its thread.
-void save_ema_checkpoint(const fs::path& ema_dir, const std::string& tag, const std::map<std::string, torch::Tensor>& ema,
-                         engine::AsyncCheckpointWriter* background) {
-  auto weights = std::make_shared<io::TensorMap>();
-  for (const auto& [name, value] : ema) {
-    (*weights)[name] = background ? value.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true) : value;
-  }
-  auto write = [ema_dir, tag, weights](const std::atomic<bool>& /*cancelled*/) {
-    const fs::path staging = ema_dir / (".tmp-" + tag), final_dir = ema_dir / tag;
-    io::remove_directory_tree(staging);
-    io::save_state_dict(staging, *weights);
-    io::remove_directory_tree(final_dir);
-    fs::rename(staging, final_dir);
-  };
-  if (background) {
-    background->submit(std::move(write));
-  } else {
-    write(std::atomic<bool>{false});
-  }
-}
-
-}  // namespace
-
 nlohmann::json PpoResult::to_json() const {
   return {{"step_rewards", step_rewards},     {"reward_ema", reward_ema},
           {"mean_kl", mean_kl},               {"steps", steps},

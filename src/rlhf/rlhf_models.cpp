@@ -1,6 +1,8 @@
 #include "dschat/rlhf/rlhf_models.h"
 
 #include "core/log.h"
+#include "dschat/io/state_dict.h"
+#include "io/atomic_file.h"
 #include "dschat/models/load_save.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/step_setup.h"
@@ -55,14 +57,20 @@ models::CausalLM load_frozen_causal_lm(const std::string& path, const ModelPlace
   return load_frozen<models::CausalLM>(at, load, context, load_copy, engine);
 }
 
+models::ValueHeadModel load_frozen_value_model(const std::string& path, const ModelPlacement& at,
+                                               const models::LoadOptions& load, const StepContext& context,
+                                               std::unique_ptr<engine::ZeroInferenceEngine>& engine) {
+  auto load_copy = [&](const models::LoadOptions& options) { return models::load_value_model(path, options); };
+  return load_frozen<models::ValueHeadModel>(at, load, context, load_copy, engine);
+}
+
 torch::Device parameter_device(const torch::nn::Module& module) {
   for (const torch::Tensor& p : module.parameters()) return p.device();
   return torch::kCPU;
 }
 
-RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
-                             const StepContext& context) {
-  const std::string where = "step 3 (PPO)";
+RlhfModels build_policy_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+                               const StepContext& context, bool with_reference, const std::string& where) {
   const int64_t world = context_world(context);
   RlhfModels models;
   models.placement = rlhf_placement(config, step_device(config.common, context, where),
@@ -103,12 +111,11 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   auto load_actor_copy = [&](const models::LoadOptions& options) {
     return models::load_causal_lm(config.actor_model_name_or_path, options);
   };
-  auto load_reward_copy = [&](const models::LoadOptions& options) {
-    return models::load_value_model(config.critic_model_name_or_path, options);
-  };
   torch::manual_seed(config.common.seed);
-  models.ref = load_frozen<models::CausalLM>(models.placement.reference, load, context, load_actor_copy,
-                                             models.ref_engine);
+  if (with_reference) {
+    models.ref = load_frozen<models::CausalLM>(models.placement.reference, load, context, load_actor_copy,
+                                               models.ref_engine);
+  }
 
   if (config.enable_ema) {
     torch::manual_seed(config.common.seed);
@@ -119,6 +126,20 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
     apply_lora(*models.ema, config.actor, false);
     freeze(*models.ema);
   }
+  return models;
+}
+
+RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+                             const StepContext& context) {
+  const std::string where = "step 3 (PPO)";
+  RlhfModels models = build_policy_models(config, total_iters, actor_gas, context, /*with_reference=*/true, where);
+  models::LoadOptions load;
+  load.device = models.placement.trained.device;
+  load.dtype = models.placement.trained.dtype;
+  load.random_init = context.random_init;
+  auto load_reward_copy = [&](const models::LoadOptions& options) {
+    return models::load_value_model(config.critic_model_name_or_path, options);
+  };
 
   models::LoadOptions critic_load = load;
   critic_load.dropout = config.critic.dropout;
@@ -138,6 +159,26 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
   models.reward = load_frozen<models::ValueHeadModel>(models.placement.reward, load, context, load_reward_copy,
                                                       models.reward_engine);
   return models;
+}
+
+void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string& tag, const std::map<std::string, torch::Tensor>& ema,
+                         engine::AsyncCheckpointWriter* background) {
+  auto weights = std::make_shared<io::TensorMap>();
+  for (const auto& [name, value] : ema) {
+    (*weights)[name] = background ? value.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true) : value;
+  }
+  auto write = [ema_dir, tag, weights](const std::atomic<bool>& /*cancelled*/) {
+    const std::filesystem::path staging = ema_dir / (".tmp-" + tag), final_dir = ema_dir / tag;
+    io::remove_directory_tree(staging);
+    io::save_state_dict(staging, *weights);
+    io::remove_directory_tree(final_dir);
+    std::filesystem::rename(staging, final_dir);
+  };
+  if (background) {
+    background->submit(std::move(write));
+  } else {
+    write(std::atomic<bool>{false});
+  }
 }
 
 void update_ema(RlhfModels& models, double beta) {

@@ -1,4 +1,4 @@
-// `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo|dpo
+// `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo|dpo|grpo
 // --config F` (one step from a config file in the `dschat train` format), `dschat eval-rm`.
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
 #include <iostream>
@@ -91,7 +91,7 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
                  "intact one; later tags are moved aside as <tag>.superseded");
 }
 
-// `dschat sft|rm|ppo|dpo`: the pipeline with only that step (dpo: step 2 of sft-dpo).
+// `dschat sft|rm|ppo|dpo|grpo`: the pipeline with only that step (dpo, grpo: step 2 of their pipelines).
 void add_step_command(CLI::App& app, const std::string& name, int step, const std::string& help) {
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(name, help);
@@ -103,6 +103,7 @@ void add_step_command(CLI::App& app, const std::string& name, int step, const st
     TrainFlags flags = *f;
     flags.args.steps = {step};
     if (name == "dpo") flags.pipeline = "sft-dpo";
+    flags.args.critic_free_step = name == "grpo";
     if (flags.config_file.empty() && flags.actor.empty() && flags.reward.empty() && flags.deployment.empty()) {
       throw core::InvalidArgument("dschat step commands need --config F, or --actor/--reward/--deployment to pick a "
                                   "preset (`dschat train` with no arguments runs the demo)");
@@ -131,13 +132,17 @@ void add_train_commands(CLI::App& app) {
       ->check(CLI::IsMember({"single_gpu", "single_node", "multi_node"}));
   cmd->add_option("--step", f->args.steps, "Steps to run, in order (default 1 2 3)")->check(CLI::Range(1, 3));
   cmd->add_option("--pipeline", f->pipeline,
-                  "sft-rm-ppo (default: DeepSpeed-Chat's three steps) or sft-dpo (step 1, then DPO as step 2)");
+                  "sft-rm-ppo (default: DeepSpeed-Chat's three steps), sft-dpo (step 1, then DPO as step 2), or "
+                  "sft-grpo | sft-rloo | sft-reinforce_pp (step 1, then critic-free RL as step 2)");
   cmd->callback([f] { run_train(*f); });
   add_step_command(app, "sft", 1, "Step 1 only: supervised fine-tuning of the actor");
   add_step_command(app, "rm", 2, "Step 2 only: reward model");
   add_step_command(app, "ppo", 3, "Step 3 only: PPO (actor, reference, critic, reward)");
   add_step_command(app, "dpo", 2,
                    "DPO only (DeepSpeed-Chat's step2_dpo_finetuning): the \"step2_dpo\" block, from step 1's model");
+  add_step_command(app, "grpo", 2,
+                   "Critic-free RL only (GRPO, RLOO or REINFORCE++, the \"step2_grpo\" block's advantage_estimator) "
+                   "with reward-model, verifier, program or callback rewards, from step 1's model");
 
   auto e = std::make_shared<EvalRmFlags>();
   auto* eval = app.add_subcommand("eval-rm", "Reward-model accuracy and mean scores on a dataset's phase-2 eval split");

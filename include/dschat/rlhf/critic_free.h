@@ -3,7 +3,7 @@
 // (shared/reference/rl-algorithms.md has the formulas, upstream files and commits): GRPO's
 // advantages and policy loss (TRL GRPOTrainer), RLOO's (TRL RLOOTrainer) and REINFORCE++'s
 // token-level returns and advantages (OpenRLHF). Plain tensor functions over the rewards and the
-// completion tokens' log-probs; the trainer that samples and steps is not built yet.
+// completion tokens' log-probs; critic_free_trainer.h samples, scores and steps with them.
 //
 // Shapes: N rollouts in groups of `group_size` contiguous rows (the samples of one prompt),
 // F reward functions, B rows of completion tokens of length T, `mask` 1 on completion tokens.
@@ -38,10 +38,16 @@ enum class GrpoLossType {
   kDapo,    // Σ / (num_items_in_batch / num_processes): tokens of the whole generation batch
 };
 
+/// OpenRLHF's compute_approx_kl: δ = logps - ref_logps; k1 δ, k2 δ²/2, k3 exp(-δ) - 1 + δ; clamped
+/// to [-10, 10]. [N, A] in fp32.
+enum class KlEstimator { kK1, kK2, kK3 };
+torch::Tensor approx_kl(const torch::Tensor& logps, const torch::Tensor& ref_logps, KlEstimator estimator);
+
 struct GrpoLossOptions {
   double epsilon_low = 0.2;
   double epsilon_high = 0.2;  // DAPO's asymmetric clip: larger than epsilon_low
-  double beta = 0.0;          // the k3 KL to the reference, per token; 0: no reference needed
+  double beta = 0.0;          // the KL to the reference, per token; 0: no reference needed
+  KlEstimator kl_estimator = KlEstimator::kK3;  // k3: TRL's exp(ref - lp) - (ref - lp) - 1, unclamped
   GrpoLossType type = GrpoLossType::kDapo;
   bool sequence_level = false;  // GSPO: one importance weight per row, the mean of its log-ratios
   int64_t max_completion_length = 512;  // kDrGrpo's divisor
@@ -56,7 +62,9 @@ struct PolicyLossOutput {
   torch::Tensor mean_kl;        // [] masked mean of the per-token KL (0 without a reference)
 };
 
-/// GRPO's clipped surrogate. logps, ref_logps, old_logps, mask: [B, T]; advantages: [B].
+/// GRPO's clipped surrogate. logps, ref_logps, old_logps, mask: [B, T]; advantages: [B], or [B, T]
+/// per token (REINFORCE++, whose loss is this one with OpenRLHF's PolicyLoss reductions: kBnpo for
+/// its token-level mean, kGrpo for its per-sequence mean).
 /// old_logps undefined: the current ones, detached (one update per generation); ref_logps may be
 /// undefined when beta is 0.
 PolicyLossOutput grpo_policy_loss(const torch::Tensor& logps, const torch::Tensor& old_logps,
@@ -74,11 +82,6 @@ torch::Tensor rloo_advantages(const torch::Tensor& rewards_per_func, const torch
 /// RLOO's loss: one ratio per row from the summed log-probs, clipped, averaged over rows.
 PolicyLossOutput rloo_policy_loss(const torch::Tensor& logps, const torch::Tensor& old_logps, const torch::Tensor& mask,
                                   const torch::Tensor& advantages, double epsilon_low, double epsilon_high);
-
-/// OpenRLHF's compute_approx_kl: δ = logps - ref_logps; k1 δ, k2 δ²/2, k3 exp(-δ) - 1 + δ; clamped
-/// to [-10, 10]. [N, A] in fp32.
-enum class KlEstimator { kK1, kK2, kK3 };
-torch::Tensor approx_kl(const torch::Tensor& logps, const torch::Tensor& ref_logps, KlEstimator estimator);
 
 /// OpenRLHF's advantage_estimator values of the REINFORCE family.
 enum class ReinforceEstimator { kReinforce, kRloo, kReinforceBaseline, kGroupNorm, kDrGrpo };

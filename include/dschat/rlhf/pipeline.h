@@ -1,7 +1,8 @@
 #pragma once
 // `dschat train`: the three steps in sequence, each step's output feeding the next
 // (<out>/actor -> step 3's actor, <out>/reward -> step 3's critic and reward), or with
-// "pipeline": "sft-dpo" step 1 then DPO as step 2 (<out>/actor -> <out>/dpo), with
+// "pipeline": "sft-dpo" step 1 then DPO as step 2 (<out>/actor -> <out>/dpo), or with
+// "sft-grpo" | "sft-rloo" | "sft-reinforce_pp" step 1 then the critic-free step (<out>/grpo), with
 // DeepSpeed-Chat's e2e_rlhf.py banners and durations. A finished step (its output directory holds
 // training_summary.json) is skipped; an interrupted one resumes from its checkpoints.
 #include <optional>

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/rlhf/ppo_math.h"
+#include "dschat/rlhf/reward_source_config.h"
 
 namespace dschat {
 namespace rlhf {
@@ -181,6 +182,53 @@ struct PpoConfig {
   std::string output_dir;
 };
 
+/// The critic-free step (critic_free_trainer.h): GRPO, RLOO or REINFORCE++ over
+/// n_samples_per_prompt answers per prompt, scored by `rewards`. Defaults follow the reference
+/// implementation of the chosen estimator (TRL's GRPOConfig / RLOOConfig, OpenRLHF's REINFORCE++)
+/// where a key is left unset; parse_grpo_config fills them in.
+struct GrpoConfig {
+  std::string actor_model_name_or_path;  // required (step 1's output in `dschat train --pipeline sft-grpo`)
+  DataConfig data;                       // the prompts: phase 3 of the data split, as PPO
+  CommonStepConfig common;
+  ModelTrainingConfig actor;  // learning_rate 1e-6 (TRL's default)
+  /// grpo | rloo | reinforce_pp (REINFORCE++, OpenRLHF's "reinforce") | reinforce_pp_baseline
+  std::string advantage_estimator = "grpo";
+  int64_t n_samples_per_prompt = 8;              // >= 2: the group every estimator needs
+  int64_t per_device_generation_batch_size = 16;  // prompts per rank and step
+  int64_t per_device_training_batch_size = 16;    // answers per training micro-batch
+  int64_t ppo_epochs = 1;  // passes over each step's answers (TRL's num_iterations)
+  int64_t max_prompt_seq_len = 256;
+  int64_t max_answer_seq_len = 256;
+  std::string scale_rewards = "group";  // grpo: none | group | batch (Dr. GRPO: none)
+  bool normalize_advantages = false;    // rloo: normalise over the batch (TRL's flag)
+  double kl_coef = 0.0;                 // the reference's weight; 0 loads no reference
+  std::string kl_mode = "loss";         // loss (a per-token loss term) | reward (a reward penalty)
+  std::string kl_estimator = "k3";      // k1 | k2 | k3
+  double clip_low = 0.2, clip_high = 0.2;  // ratio clip [1 - clip_low, 1 + clip_high] (DAPO: 0.2, 0.28)
+  /// token-mean (every answer token of an optimizer step weighs the same, on all ranks) |
+  /// sequence-mean (each answer's token mean, then the mean over answers). rloo's loss is per
+  /// sequence by definition and takes sequence-mean only.
+  std::string loss_aggregation = "token-mean";
+  /// DAPO's dynamic sampling: groups whose rewards are all equal (no learning signal) are dropped
+  /// and more prompt batches are drawn, up to dynamic_sampling_max_batches per step.
+  bool dynamic_sampling = false;
+  int64_t dynamic_sampling_max_batches = 4;
+  // The actor's hybrid engine, reference and EMA, as step 3's keys of the same names.
+  bool enable_hybrid_engine = false;
+  bool unpin_actor_parameters = false;
+  bool release_inference_cache = false;
+  int64_t inference_tp_size = 1;
+  int64_t tp_gather_partition_size = 8;
+  bool offload_reference_model = false;
+  bool enable_ema = false;
+  std::string lora_fuse_backup = "auto";
+  ExperienceSampling sampling{true, 1.0, 0, 1.0};  // "experience_sampling": sampled at temperature 1
+  std::vector<RewardSourceConfig> rewards;          // required, at least one
+  bool print_answers = false;
+  int64_t print_answers_interval = 1;
+  std::string output_dir;
+};
+
 /// `dschat train`: the three steps and where their outputs go (<output_dir>/actor, /reward,
 /// /step3/{actor,critic,actor_ema}).
 struct PipelineConfig {
@@ -192,7 +240,9 @@ struct PipelineConfig {
   std::string output_dir = "./output";
   std::string init = "pretrained";  // pretrained | random (build the named shapes, random weights)
   std::string tokenizer;            // "" : the actor model's directory
-  /// "sft-rm-ppo" (DeepSpeed-Chat's three steps) or "sft-dpo" (step 1, then DPO as step 2).
+  /// "sft-rm-ppo" (DeepSpeed-Chat's three steps), "sft-dpo" (step 1, then DPO as step 2), or
+  /// "sft-grpo" | "sft-rloo" | "sft-reinforce_pp" (step 1, then the critic-free step as step 2
+  /// with that advantage_estimator).
   std::string pipeline = "sft-rm-ppo";
   std::vector<int> steps = {1, 2, 3};
   /// End `dschat train` with the demo's held-out table (demo_report.h); configs/demo.json sets it.
@@ -201,8 +251,12 @@ struct PipelineConfig {
   RewardConfig step2;
   PpoConfig step3;
   DpoConfig step2_dpo;  // step 2 of the sft-dpo pipeline
+  GrpoConfig step2_grpo;  // step 2 of the critic-free pipelines
 
   bool dpo() const { return pipeline == "sft-dpo"; }
+  bool critic_free() const { return pipeline == "sft-grpo" || pipeline == "sft-rloo" || pipeline == "sft-reinforce_pp"; }
+  /// What step `step` of this pipeline runs: "sft", "rm", "ppo", "dpo" or "grpo".
+  std::string kind_of(int step) const;
   /// The common keys of step 1, 2 or 3 of this pipeline (step 2 of sft-dpo: step2_dpo's).
   const CommonStepConfig& common_of(int step) const;
   CommonStepConfig& common_of(int step);
@@ -223,13 +277,21 @@ SftConfig parse_sft_config(const nlohmann::json& json, const std::string& where,
 RewardConfig parse_reward_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
 PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
 DpoConfig parse_dpo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {});
+/// `estimator` (grpo | rloo | reinforce_pp | reinforce_pp_baseline; "" : the block's
+/// "advantage_estimator" or grpo) picks the defaults of the keys the block leaves unset.
+GrpoConfig parse_grpo_config(const nlohmann::json& json, const std::string& where, const DataConfig& data = {},
+                             const std::string& estimator = "");
 DataConfig parse_data_config(const nlohmann::json& json, const std::string& where);
 
-/// The whole file: top-level keys, "data", "step1", "step2", "step3", "step2_dpo". Fills the model paths
+/// The step blocks a pipeline file may hold, in order.
+const std::vector<std::string>& step_block_names();  // step1, step2, step3, step2_dpo, step2_grpo
+
+/// The whole file: top-level keys, "data", "step1", "step2", "step3", "step2_dpo", "step2_grpo". Fills the model paths
 /// the steps chain through (step1.model <- actor_model, step2.model <- reward_model,
 /// step3.actor <- <out>/actor, step3.critic <- <out>/reward, output dirs under output_dir) where
 /// the file leaves them empty; step2_dpo starts from step 1's output and writes <out>/dpo.
-/// "pipeline": "sft-dpo" runs steps 1 and 2 (step 2 being DPO); step 3 is refused there.
+/// "pipeline": "sft-dpo" runs steps 1 and 2 (step 2 being DPO); step 3 is refused there. The
+/// critic-free pipelines likewise, step 2 being step2_grpo (from <out>/actor, writing <out>/grpo).
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where);
 
 /// The preset for (deployment, actor size, reward size) as JSON: DS-Chat's e2e_rlhf.py choice of

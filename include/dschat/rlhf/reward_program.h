@@ -14,6 +14,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,11 @@ struct RewardQuery {
   std::string response;
   nlohmann::json meta = nlohmann::json::object();  // passed through (a reference answer, a test suite, ...)
 };
+
+/// A reward a C++ program computes instead (a "callback" reward source, reward_sources.h): one
+/// value per query, in order. Registered by name in StepContext::reward_callbacks.
+using RewardCallback = std::function<std::vector<double>(const std::vector<RewardQuery>& queries)>;
+using RewardCallbacks = std::map<std::string, RewardCallback>;
 
 class RewardProgram {
  public:

@@ -17,8 +17,12 @@
 // holds more than its partitions of it on the device.
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <string>
 
+#include "dschat/engine/async_checkpoint_writer.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/engine/zero_inference_engine.h"
 #include "dschat/hybrid/hybrid_engine.h"
@@ -77,6 +81,22 @@ struct RlhfModels {
 /// are placed by rlhf_placement on the step's device (step_device of config.common).
 RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
                              const StepContext& context);
+
+/// The policy side only: the actor's HybridEngine, the reference (with_reference) and the EMA
+/// (enable_ema), as build_rlhf_models builds them; critic and reward stay null. What the
+/// critic-free step trains (it reads config's actor, hybrid-engine, reference and EMA keys).
+RlhfModels build_policy_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+                               const StepContext& context, bool with_reference, const std::string& where);
+
+/// A frozen value-head model (a reward model) at `at`, as load_frozen_causal_lm.
+models::ValueHeadModel load_frozen_value_model(const std::string& path, const ModelPlacement& at,
+                                               const models::LoadOptions& load, const StepContext& context,
+                                               std::unique_ptr<engine::ZeroInferenceEngine>& engine);
+
+/// The EMA weights of checkpoint `tag`: <ema_dir>/<tag>/, staged as .tmp-<tag> and renamed, so a
+/// tag directory is complete or absent. Given the writer, written from host copies on its thread.
+void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string& tag,
+                         const std::map<std::string, torch::Tensor>& ema, engine::AsyncCheckpointWriter* background);
 
 /// ema <- lerp(actor, ema, beta) for every parameter (ZeRO-3 partitions gathered first).
 void update_ema(RlhfModels& models, double beta);

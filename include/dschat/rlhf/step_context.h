@@ -1,12 +1,14 @@
 #pragma once
 // What a training step runs with besides its config: the data-parallel ranks, how base models
-// are initialised, where the tokenizer is, and the stop flag that Ctrl-C raises.
+// are initialised, where the tokenizer is, the stop flag that Ctrl-C raises, and the reward
+// functions a C++ caller registers.
 #include <atomic>
 #include <memory>
 #include <string>
 
 #include "dschat/core/error.h"
 #include "dschat/dist/process_group.h"
+#include "dschat/rlhf/reward_program.h"
 
 namespace dschat {
 namespace rlhf {
@@ -30,6 +32,8 @@ struct StepContext {
   /// `--resume-from TAG`: the checkpoint tag the step resumes from instead of the newest intact
   /// one (rlhf::StepRunner::prepare_resume). run_pipeline gives it to the first step it runs only.
   std::string resume_from;
+  /// The C++ reward functions the critic-free step's "callback" reward sources name.
+  RewardCallbacks reward_callbacks;
 
   bool stopping() const { return stop_requested != nullptr && stop_requested->load(); }
 };

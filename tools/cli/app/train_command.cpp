@@ -39,10 +39,11 @@ bool is_demo(const TrainArguments& args) {
 // for: a dtype that came from a preset (or DS-Chat's fp16 default) runs as fp32 there. A dtype
 // the user's file set for the step is kept.
 void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& user_file, int64_t local_rank) {
-  const std::pair<const char*, CommonStepConfig*> steps[] = {{"step1", &config.step1.common},
-                                                             {"step2", &config.step2.common},
-                                                             {"step3", &config.step3.common},
-                                                             {"step2_dpo", &config.step2_dpo.common}};
+  const std::pair<std::string, CommonStepConfig*> steps[] = {{"step1", &config.step1.common},
+                                                              {"step2", &config.step2.common},
+                                                              {"step3", &config.step3.common},
+                                                              {"step2_dpo", &config.step2_dpo.common},
+                                                              {"step2_grpo", &config.step2_grpo.common}};
   for (const auto& [name, common] : steps) {
     const bool user_set = user_file.is_object() && user_file.contains(name) && user_file[name].is_object() &&
                           user_file[name].contains("dtype");
@@ -69,7 +70,7 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
       dir = bundled_path(dir.get<std::string>(), source_dir);
     };
     resolve_data_dir(json);
-    for (const char* step : {"step1", "step2", "step3", "step2_dpo"}) {
+    for (const std::string& step : step_block_names()) {
       if (json.contains(step)) resolve_data_dir(json[step]);
     }
   } else {
@@ -100,7 +101,7 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
   }
   if (args.device) {
     json["device"] = *args.device;
-    for (const char* step : {"step1", "step2", "step3", "step2_dpo"}) {
+    for (const std::string& step : step_block_names()) {
       if (json.contains(step) && json[step].is_object()) json[step].erase("device");
     }
   }
@@ -108,6 +109,16 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
   if (args.init) json["init"] = *args.init;
   if (args.tokenizer) json["tokenizer"] = *args.tokenizer;
   if (args.pipeline) json["pipeline"] = *args.pipeline;
+  if (args.critic_free_step) {
+    const std::string pipeline = json.value("pipeline", std::string());
+    if (pipeline != "sft-grpo" && pipeline != "sft-rloo" && pipeline != "sft-reinforce_pp") {
+      std::string estimator = "grpo";
+      if (json.contains("step2_grpo") && json["step2_grpo"].is_object()) {
+        estimator = json["step2_grpo"].value("advantage_estimator", estimator);
+      }
+      json["pipeline"] = "sft-" + (estimator.rfind("reinforce_pp", 0) == 0 ? std::string("reinforce_pp") : estimator);
+    }
+  }
   if (!args.steps.empty()) json["steps"] = args.steps;
   if (!args.data_path.empty()) json["data"]["data_path"] = args.data_path;
   return json;
@@ -138,7 +149,9 @@ std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
     const CommonStepConfig& common = c.common_of(step);
     const std::string name = "step" + std::to_string(step);
     const torch::Device device = core::resolve_device(common.device, name + ": key 'device'", local_rank);
-    out += name + ": " + (step == 1 ? "sft" : step == 3 ? "ppo" : c.dpo() ? "dpo" : "rm ") + "  device " + device.str() +
+    std::string kind = c.kind_of(step);
+    kind.resize(std::max<size_t>(kind.size(), 3), ' ');  // "rm " lines up with "sft"
+    out += name + ": " + kind + "  device " + device.str() +
            "  dtype " + common.dtype + "  model " + c.model_of(step) + "\n";
   }
   return out;

@@ -24,6 +24,9 @@ struct TrainArguments {
   int64_t local_rank = -1;
   std::vector<int> steps;
   std::vector<std::string> data_path;
+  /// `dschat grpo`: unless the file names a critic-free pipeline, the one of step2_grpo's
+  /// advantage_estimator (sft-grpo by default).
+  bool critic_free_step = false;
 };
 
 struct TrainPlan {

@@ -1,0 +1,36 @@
+#pragma once
+// One reward source of the critic-free step (GrpoConfig::rewards in pipeline_config.h; what each
+// type computes is in reward_sources.h). In a config file:
+//
+//   "rewards": [{"type": "exact_match"},
+//               {"type": "regex", "pattern": "[0-9]+", "weight": 0.1},
+//               {"type": "command", "argv": ["python3", "verify.py"], "timeout_seconds": 30}]
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dschat {
+namespace rlhf {
+
+/// One reward source. The reward of an answer is the weighted sum of every source's score.
+struct RewardSourceConfig {
+  /// reward_model | exact_match | regex | demo_task | command | callback
+  std::string type;
+  double weight = 1.0;
+  /// The source's name in logs and metrics (default: its type). For "callback", the name the
+  /// C++ caller registered the function under (required).
+  std::string name;
+  std::string model;                // reward_model: a step-2 model directory (value head)
+  std::string pattern;              // regex: must match the whole answer (ECMAScript syntax)
+  std::vector<std::string> argv;    // command: the program and its arguments
+  double timeout_seconds = 60.0;    // command: per batch of queries
+};
+
+/// Parses a "rewards" array. Throws core::ConfigError naming `where`, the entry and the key.
+std::vector<RewardSourceConfig> parse_reward_sources(const nlohmann::json& json, const std::string& where);
+
+}  // namespace rlhf
+}  // namespace dschat

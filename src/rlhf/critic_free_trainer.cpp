@@ -1,0 +1,223 @@
+#include "dschat/rlhf/critic_free_trainer.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_map>
+
+#include "core/log.h"
+#include "core/stopwatch.h"
+#include "dschat/core/host_sync.h"
+#include "dschat/data/collate.h"
+#include "dschat/data/epoch_batches.h"
+#include "dschat/io/state_dict.h"
+#include "io/atomic_file.h"
+#include "dschat/monitor/metrics_log.h"
+#include "dschat/monitor/progress.h"
+#include "dschat/rlhf/reward_sources.h"
+#include "dschat/rlhf/rlhf_models.h"
+#include "dschat/rlhf/step_runner.h"
+#include "dschat/rlhf/step_setup.h"
+#include "rlhf/critic_free_step.h"
+#include "rlhf/critic_free_support.h"
+#include "rlhf/memory_hint.h"
+
+namespace dschat {
+namespace rlhf {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = core::SteadyClock;
+using core::seconds_since;
+
+// The optimizer windows of one pass: for each micro-batch, the answer tokens of its window of
+// gradient_accumulation_steps micro-batches summed over every rank (one all-reduce per pass).
+std::vector<double> window_tokens(const std::vector<torch::Tensor>& micro, const CriticFreeBatch& batch, int64_t gas,
+                                  const StepContext& context) {
+  const int64_t windows = (static_cast<int64_t>(micro.size()) + gas - 1) / gas;
+  torch::Tensor sums = torch::zeros({windows}, torch::kFloat64);  // [W]
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const torch::Tensor rows = micro[i];
+    double tokens = 0.0;
+    for (int64_t r = 0; r < rows.numel(); ++r) tokens += static_cast<double>(batch.answer_tokens.at(static_cast<size_t>(rows[r].item<int64_t>())));
+    sums[static_cast<int64_t>(i) / gas] += tokens;
+  }
+  if (context.communicator && context.communicator->world_size() > 1) context.communicator->all_reduce(sums);
+  std::vector<double> out;
+  for (size_t i = 0; i < micro.size(); ++i) out.push_back(sums[static_cast<int64_t>(i) / gas].item<double>());
+  return out;
+}
+
+GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context) {
+  const auto start = Clock::now();
+  const std::string where = "step 2 (" + config.advantage_estimator + ")";
+  const int64_t rank = context_rank(context), world = context_world(context);
+  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
+  StepRunner runner(where, config.output_dir, config.common, context);
+  torch::manual_seed(config.common.seed);
+
+  auto tokenizer = load_step_tokenizer(context, config.actor_model_name_or_path);
+  const int64_t pad = pad_token_of(tokenizer);
+  const int64_t eos = tokenizer.eos_token_id().value_or(pad);
+  const int64_t p_len = config.max_prompt_seq_len, n = config.n_samples_per_prompt;
+  data::PhaseData phase = data::create_prompt_dataset(
+      prompt_data_options(config.data, 3, config.common.seed, p_len, eos_text_of(tokenizer)), tokenizer);
+  data::DistributedSampler sampler(phase.train.size(), world, rank, /*shuffle=*/true, config.common.seed);
+  const int64_t gen_bs = config.per_device_generation_batch_size, train_bs = config.per_device_training_batch_size;
+  const int64_t steps_per_epoch = (sampler.num_samples() + gen_bs - 1) / gen_bs;
+  const int64_t gas = config.common.gradient_accumulation_steps;
+  const int64_t micro_per_step = (gen_bs * n + train_bs - 1) / train_bs;
+  const int64_t total_iters =
+      std::max<int64_t>(1, config.common.num_train_epochs * steps_per_epoch * config.ppo_epochs * micro_per_step / gas);
+  const PpoConfig view = policy_view(config);
+  RlhfModels models = build_policy_models(view, total_iters, gas, context, config.kl_coef > 0.0, where);
+  const torch::Device device = models.placement.trained.device;
+  check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
+  ScoredReward reward(config, context, models.placement, tokenizer, pad);
+
+  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
+  const fs::path ckpt = runner.checkpoint_dir();
+  runner.set_checkpoint_parts({"actor", "ema"});
+
+  GrpoResult result;
+  int64_t start_epoch = 0, skip_batches = 0, step = 0;
+  if (runner.prepare_resume()) {
+    const nlohmann::json state = models.actor->training_engine().load_checkpoint(ckpt / "actor");
+    const std::string tag = state.at("tag").get<std::string>();
+    if (models.ema) {
+      io::TensorMap ema = io::load_state_dict(ckpt / "ema" / tag);
+      torch::NoGradGuard no_grad;
+      for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
+    }
+    start_epoch = state.at("epoch").get<int64_t>();
+    skip_batches = state.at("batch").get<int64_t>();
+    step = state.at("step").get<int64_t>();
+    result.step_rewards = state.at("step_rewards").get<std::vector<double>>();
+    result.step_group_std = state.at("step_group_std").get<std::vector<double>>();
+    result.dropped_groups = state.at("dropped_groups").get<int64_t>();
+    result.resumed = true;
+    core::log_info(where, ": resuming from ", ckpt.string(), " (", tag, ") at epoch ", start_epoch, ", batch ",
+                   skip_batches);
+  }
+
+  monitor::Progress progress(where, config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
+                             !context.progress);
+  const torch::Tensor weights = reward.sources().weights();  // [F]
+  std::vector<CriticFreeBatch> pool;  // dynamic sampling: this step's batches so far
+  int64_t pool_batches = 0;
+  setup_sync.reset();
+  for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
+    data::EpochBatches<data::PromptBatch> prompts(sampler, epoch, gen_bs, false, [&](const std::vector<int64_t>& items) {
+      return data::collate_prompts(phase.train, items, pad, p_len).pinned_for(device);
+    });
+    pool.clear();
+    pool_batches = 0;
+    for (int64_t batch_index = 0; batch_index < steps_per_epoch; ++batch_index) {
+      auto host_batch = prompts.next();
+      if (!host_batch) break;
+      if (batch_index < skip_batches) continue;
+      const uint64_t sample_seed = config.common.seed + 1000003ULL * static_cast<uint64_t>(rank) +
+                                   static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
+      const data::PromptBatch batch = host_batch->to(device, /*non_blocking=*/true);
+      pool.push_back(sample_and_score(models, reward, config, batch, eos, pad, sample_seed));
+      ++pool_batches;
+      const std::optional<StepAnswers> ready =
+          take_step_answers(pool, pool_batches, config, weights, gen_bs, pad, context);
+      if (!ready) continue;
+      pool.clear();
+      pool_batches = 0;
+      result.dropped_groups += ready->dropped_groups;
+      CriticFreeBatch answers = ready->batch;
+      compute_advantages(config, weights, answers, context);
+      if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
+        print_answers(answers, reward, weights);
+      }
+
+      const auto train_start = Clock::now();
+      std::vector<CriticFreeMicroStats> micro_stats;
+      std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
+      std::vector<int64_t> order(static_cast<size_t>(answers.exp.rows()));
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+      for (int64_t pass = 0; pass < config.ppo_epochs; ++pass) {
+        if (pass > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
+        std::vector<torch::Tensor> micro;  // each [b] int64 row indices on the host
+        for (size_t b = 0; b < order.size(); b += static_cast<size_t>(train_bs)) {
+          const size_t e = std::min(order.size(), b + static_cast<size_t>(train_bs));
+          micro.push_back(torch::tensor(std::vector<int64_t>(order.begin() + static_cast<std::ptrdiff_t>(b),
+                                                             order.begin() + static_cast<std::ptrdiff_t>(e)),
+                                        torch::kInt64));
+        }
+        const std::vector<double> tokens = window_tokens(micro, answers, gas, context);
+        for (size_t i = 0; i < micro.size(); ++i) {
+          micro_stats.push_back(critic_free_micro_step(*models.actor, config, answers, micro[i], tokens[i]));
+          if (models.ema) update_ema(models, kEmaBeta);
+        }
+      }
+      const double train_seconds = seconds_since(train_start);
+      ++step;
+      const StepFigures f = read_step(answers, weights, n, micro_stats, ready->kept_share, context);
+      result.step_rewards.push_back(f.reward);
+      result.step_group_std.push_back(f.group_std);
+      result.mean_kl = f.kl;
+      result.mean_entropy = f.entropy;
+      for (int64_t s = 0; s < reward.sources().size(); ++s) {
+        result.last_source_means[reward.sources().config(s).name] = f.source_means[static_cast<size_t>(s)];
+      }
+      result.generate_seconds += answers.exp.generate_seconds;
+      result.train_seconds += train_seconds;
+      log_step(metrics, config, reward.sources(), step, epoch, f, answers.exp.generate_seconds, train_seconds, rank);
+      progress.update(epoch * steps_per_epoch + batch_index + 1, "reward " + std::to_string(f.reward));
+
+      runner.after_optimizer_step(step, [&](engine::AsyncCheckpointWriter* background) {
+        const std::string tag = "global_step" + std::to_string(step);
+        if (models.ema && rank == 0) save_ema_checkpoint(ckpt / "ema", tag, module_parameters(*models.ema), background);
+        const bool last = batch_index + 1 >= steps_per_epoch;
+        nlohmann::json state = {{"tag", tag},
+                                {"epoch", last ? epoch + 1 : epoch},
+                                {"batch", last ? 0 : batch_index + 1},
+                                {"step", step},
+                                {"step_rewards", result.step_rewards},
+                                {"step_group_std", result.step_group_std},
+                                {"dropped_groups", result.dropped_groups}};
+        models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state, background);
+      });
+    }
+    if (!pool.empty()) core::log_warn(where, ": epoch ", epoch, " ended with ", pool_batches,
+                                      " sampled batches not yet a full step; they are not trained on");
+    skip_batches = 0;
+  }
+  core::HostSync end_sync("step end (save)");
+  runner.wait_for_checkpoints();
+  progress.finish();
+  result.steps = step;
+  result.seconds = seconds_since(start);
+
+  auto actor_params = trained_parameters(models.actor->training_engine(), context);
+  if (rank == 0) {
+    const fs::path staging = staging_dir_for(config.output_dir);
+    io::remove_directory_tree(staging);
+    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
+    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
+    commit_step_output(staging, config.output_dir, result.to_json());
+  }
+  if (context.communicator) context.communicator->barrier();
+  runner.finish();
+  return result;
+}
+
+}  // namespace
+
+nlohmann::json GrpoResult::to_json() const {
+  return {{"step_rewards", step_rewards},   {"step_group_std", step_group_std}, {"source_means", last_source_means},
+          {"mean_kl", mean_kl},             {"mean_entropy", mean_entropy},     {"steps", steps},
+          {"dropped_groups", dropped_groups}, {"generate_seconds", generate_seconds},
+          {"train_seconds", train_seconds}, {"seconds", seconds}};
+}
+
+GrpoResult run_grpo(const GrpoConfig& config, const StepContext& context) {
+  MemoryPhase memory{"step 2 (" + config.advantage_estimator + ")", "actor " + config.actor_model_name_or_path,
+                     "loading the actor and its reference"};
+  return with_memory_hint(memory, [&] { return run_grpo_phases(config, context); });
+}
+
+}  // namespace rlhf
+}  // namespace dschat
