@@ -181,20 +181,24 @@ inference::GenerationResult HybridEngine::generate(const torch::Tensor& prompt_i
                                                    const core::GenerationConfig& requested) {
   eval();
   const auto start = Clock::now();
-  // n answers per prompt: repeated here, so the tensor-parallel path splits rows it can count.
-  const inference::GenerationResult repeated =
-      inference::repeat_for_return_sequences(prompt_ids, prompt_mask, requested.num_return_sequences);
-  const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
-  const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
-  core::GenerationConfig config = requested;
-  config.num_return_sequences = 1;
-  samples_ = input_ids.size(0) * training_->world_size();
+  const int64_t n = requested.num_return_sequences;
+  samples_ = prompt_ids.size(0) * n * training_->world_size();  // B * n rows per rank
   inference::GenerationResult result;
   if (options_.training.config.hybrid_engine.inference_tp_size > 1) {
+    // The tensor-parallel path still repeats the prompts here (each prompt prefilled n times):
+    // it joins the ranks' rows into one batch and splits the result back by row count, which
+    // it does over the B * n repeated rows with n = 1.
+    const inference::GenerationResult repeated =
+        inference::repeat_for_return_sequences(prompt_ids, prompt_mask, n);
+    const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
+    const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
+    core::GenerationConfig config = requested;
+    config.num_return_sequences = 1;
     result = generate_tensor_parallel(input_ids, attention_mask, config);
   } else {
-    if (self_check_pending_) run_self_check(input_ids, attention_mask);
-    result = inference_->generate(input_ids, attention_mask, config);
+    // n answers per prompt from one prefill of each prompt (the inference engine shares its KV).
+    if (self_check_pending_) run_self_check(prompt_ids, prompt_mask);
+    result = inference_->generate(prompt_ids, prompt_mask, requested);  // [B * n, T + N]
   }
   stats_.generation = inference_->last_stats();
   generate_seconds_ += seconds_between(start, Clock::now());

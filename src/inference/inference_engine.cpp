@@ -114,11 +114,12 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
                    prompt_ids.size(1) > 0,
                InvalidArgument, "generate: input_ids ", prompt_ids.sizes(), " and attention_mask ",
                prompt_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
-  // n answers per prompt: the prompts repeated, then one generation over all rows.
-  const GenerationResult repeated = repeat_for_return_sequences(prompt_ids, prompt_mask, config.num_return_sequences);
-  const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
-  const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
-  const int64_t batch = input_ids.size(0), prompt = input_ids.size(1), max_new = config.max_new_tokens;
+  // n answers per prompt from ONE prefill per prompt: the prefill runs on the B prompts, then
+  // its cache rows and logits are repeated (row b to rows [b * n, (b + 1) * n)) and the n
+  // samples decode on as B * n rows. The KV workspace is reserved for B * n rows up front.
+  const int64_t n = config.num_return_sequences;
+  const int64_t prompts = prompt_ids.size(0), batch = prompts * n, prompt = prompt_ids.size(1);
+  const int64_t max_new = config.max_new_tokens;
   std::string error;
   if (prompt + max_new > options_.max_out_tokens) {
     error = core::detail::str_cat("generate: prompt (", prompt, " tokens) + max_new_tokens (", max_new, ") = ",
@@ -129,7 +130,7 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
   DSCHAT_CHECK(error.empty(), InvalidArgument, error);
 
   torch::NoGradGuard no_grad;
-  const torch::Device device = input_ids.device();
+  const torch::Device device = prompt_ids.device();
   const torch::ScalarType weight_dtype = model_->parameters().front().scalar_type();
   if (workspace_.reserve(model_->config(), batch, options_.max_out_tokens, weight_dtype, device) && graphs_) {
     graphs_->reset();  // the old graphs point into the freed allocation
@@ -147,34 +148,46 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
                     options_.lockstep ? ", lockstep" : "", ")");
   }
   const int64_t replays_before = graphs_ ? graphs_->replays() : 0;
-  ContiguousKvCache cache(workspace_, batch);
+  ContiguousKvCache cache(workspace_, prompts);  // B rows for the prefill, B * n after it
   const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
   at::Generator generator = make_sampling_generator(device, config.seed);
-  const nn::MaskLayout prompt_layout = prompt_mask_layout(attention_mask);
+  const nn::MaskLayout prompt_layout = prompt_mask_layout(prompt_mask);
   // Decode steps take the explicit key mask always: for an all-ones mask the decode-attention op
   // gives bitwise the same result as without one, and no step reads the mask on the host.
   const nn::MaskLayout step_layout = nn::MaskLayout::kLeftPadded;
   const int64_t check_every = finished_check_interval(options_, device);
 
-  torch::Tensor sequences = input_ids;                    // [B, T + n]
-  torch::Tensor mask = attention_mask.to(torch::kInt64);  // [B, T + n]
-  torch::Tensor finished = torch::zeros({batch}, torch::dtype(torch::kBool).device(device));  // [B]
-  torch::Tensor step_input = input_ids;                   // [B, T], then [B, 1]
+  // The bookkeeping covers the B * n rows from the start (the prompt's copies are identical);
+  // only the prefill's input is the B unrepeated prompts.
+  const GenerationResult repeated = repeat_for_return_sequences(prompt_ids, prompt_mask, n);
+  torch::Tensor sequences = repeated.sequences;                     // [B * n, T + s]
+  torch::Tensor mask = repeated.attention_mask.to(torch::kInt64);  // [B * n, T + s]
+  torch::Tensor finished = torch::zeros({batch}, torch::dtype(torch::kBool).device(device));  // [B * n]
+  const torch::Tensor prefill_mask = prompt_mask.to(torch::kInt64);  // [B, T]
+  torch::Tensor step_input = prompt_ids;  // [B, T] (the prefill), then [B * n, 1]
   // The length at which this rank's rows had all finished (-1: not yet seen). Lockstep keeps
   // stepping after it; a read every `check_every` steps may see it late. Either way the result
   // is trimmed to it: steps after a row finished only append pad (mask 0) to it.
   int64_t own_length = -1;
   GenerationStats stats;
   for (int64_t step = 0; step < max_new; ++step) {
-    torch::Tensor logits;  // [B, V] float32
+    torch::Tensor logits;  // [B * n, V] float32
     if (step > 0 && full_capacity) logits = graphs_->step(model_, workspace_, step_input, mask, use_graphs);
     if (logits.defined()) {
       cache.commit(1);  // the graph wrote the same slot; an eager step after it must append after it
+    } else if (step == 0) {
+      logits = decode_step(step_input, prefill_mask, cache, prompt_layout);  // [B, V]
+      if (n > 1) {
+        // Each prompt's cache and next-token logits go to its n rows; sampling then draws the
+        // B * n tokens from the generator exactly as from a prefill over repeated prompts.
+        cache.repeat_rows(n);
+        logits = logits.repeat_interleave(n, 0);  // [B * n, V]
+      }
     } else {
-      logits = decode_step(step_input, mask, cache, step == 0 ? prompt_layout : step_layout);
+      logits = decode_step(step_input, mask, cache, step_layout);
     }
     ++stats.forward_steps;
-    torch::Tensor next;  // [B]
+    torch::Tensor next;  // [B * n]
     if (own_length < 0) {
       logits = process_logits(logits, sequences, config, step);
       next = select_next_tokens(logits, config, generator);
@@ -202,6 +215,7 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
   }
 
   stats.batch = batch;
+  stats.prefill_rows = prompts;
   stats.prompt_tokens = prompt;
   stats.new_tokens = sequences.size(1) - prompt;
   stats.latency_s = seconds_since(start);

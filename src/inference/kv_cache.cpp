@@ -32,5 +32,28 @@ std::pair<torch::Tensor, torch::Tensor> ContiguousKvCache::append(int64_t layer,
 
 void ContiguousKvCache::commit(int64_t new_tokens) { length_ += new_tokens; }
 
+void ContiguousKvCache::repeat_rows(int64_t n) {
+  DSCHAT_CHECK(n >= 1, InvalidArgument, "kv cache: repeat_rows needs n >= 1, got ", n);
+  const int64_t rows = batch_ * n;
+  DSCHAT_CHECK(rows <= workspace_->batch_capacity(), InvalidArgument, "kv cache: repeating ", batch_,
+               " rows ", n, " times needs ", rows, " rows, but the workspace holds ", workspace_->batch_capacity(),
+               " (reserve it for batch * n rows before the prefill)");
+  if (n == 1) return;
+  for (int64_t layer = 0; layer < workspace_->num_layers(); ++layer) {
+    for (const bool is_keys : {true, false}) {
+      // The source rows [0, B) overlap the destination rows [0, B * n): copied out first.
+      torch::Tensor source = (is_keys ? workspace_->keys(layer, batch_) : workspace_->values(layer, batch_))
+                                 .narrow(2, 0, length_)
+                                 .clone();  // [B, H_kv, S, D]
+      torch::Tensor target = (is_keys ? workspace_->keys(layer, rows) : workspace_->values(layer, rows))
+                                 .narrow(2, 0, length_)
+                                 .unflatten(0, {batch_, n});  // [B, n, H_kv, S, D]: row b * n + j is [b][j]
+      // source.repeat_interleave(n, 0) written into rows [0, B * n), as a broadcast: no [B * n, ...] temporary.
+      target.copy_(source.unsqueeze(1));
+    }
+  }
+  batch_ = rows;
+}
+
 }  // namespace inference
 }  // namespace dschat

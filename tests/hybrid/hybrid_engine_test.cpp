@@ -211,6 +211,43 @@ TEST_P(HybridEngineFixtures, Zero3GatheredGenerationEqualsStage0) {
   }
 }
 
+TEST_P(HybridEngineFixtures, ReturnSequencesShareOnePrefillAndEqualRepeatedPrompts) {
+  // n answers per prompt: B * n rows, prompt i's in rows [i * n, (i + 1) * n), from a prefill of
+  // the B prompts only; the ids are those of the explicitly repeated prompts (n-fold prefill).
+  // Stage 3 too: the prefill's forward gathers layer by layer like any other.
+  const int64_t n = 3;
+  for (int stage : {0, 3}) {
+    auto actor = load_actor(GetParam(), false);
+    hybrid::HybridEngine engine(actor, options_for(EngineSetup().with_stage(stage)));
+    const Prompts p = prompts(actor->config().vocab_size);
+    const inference::GenerationResult expanded = inference::repeat_for_return_sequences(p.ids, p.mask, n);  // [6, 6]
+    for (const bool sample : {false, true}) {
+      core::GenerationConfig config = greedy();
+      config.do_sample = sample;
+      config.num_return_sequences = n;
+      auto out = engine.generate(p.ids, p.mask, config);  // [6, 12]
+      const std::string what = "stage " + std::to_string(stage) + (sample ? ", sampled" : ", greedy");
+      ASSERT_EQ(out.sequences.size(0), p.ids.size(0) * n) << what;
+      EXPECT_EQ(engine.last_stats().generation.prefill_rows, p.ids.size(0)) << what;
+      EXPECT_EQ(engine.last_stats().generation.batch, p.ids.size(0) * n) << what;
+      for (int64_t row = 0; row < out.sequences.size(0); ++row) {
+        EXPECT_TRUE(torch::equal(out.sequences[row].narrow(0, 0, p.ids.size(1)), p.ids[row / n]))
+            << what << ": row " << row << " is not an answer to prompt " << row / n;
+      }
+      config.num_return_sequences = 1;
+      auto expected = engine.generate(expanded.sequences, expanded.attention_mask, config);  // [6, 12]
+      EXPECT_TRUE(torch::equal(out.sequences, expected.sequences))
+          << what << "\n" << out.sequences << "\nrepeated prompts\n" << expected.sequences;
+      EXPECT_TRUE(torch::equal(out.attention_mask, expected.attention_mask)) << what;
+      EXPECT_EQ(engine.last_stats().generation.prefill_rows, p.ids.size(0) * n) << what;
+      if (!sample && stage == 0) {  // under ZeRO-3 the actor's own parameters are partitions
+        const Prompts repeated{expanded.sequences, expanded.attention_mask};
+        EXPECT_TRUE(torch::equal(out.sequences, plain_generation(GetParam(), actor, repeated, {}, config))) << what;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineFixtures, ::testing::Values("opt-preln", "llama-gqa"),
                          testing::FixtureName());
 

@@ -299,6 +299,7 @@ TEST_F(InferenceEngineWorkspace, StatsArePositiveAndFormattedLikeDeepSpeedChat) 
   engine.generate(p.ids, p.mask, config);
   const inference::GenerationStats& s = engine.last_stats();
   EXPECT_EQ(s.batch, 3);
+  EXPECT_EQ(s.prefill_rows, 3);
   EXPECT_EQ(s.prompt_tokens, 10);
   EXPECT_EQ(s.new_tokens, 5);
   EXPECT_EQ(s.forward_steps, 5);
@@ -321,6 +322,103 @@ TEST_F(InferenceEngineWorkspace, StatsArePositiveAndFormattedLikeDeepSpeedChat) 
   const double b = 3, seq = 15, l = 2, h = 32, v = 512;
   EXPECT_DOUBLE_EQ(inference::generation_flops(3, 15, 2, 32, 512),
                    24 * b * seq * l * h * h * (1 + seq / (6 * h) + v / (16 * l * h)));
+}
+
+TEST(ContiguousKvCache, RepeatRowsCopiesEachRowsFilledSlotsToItsNRows) {
+  core::ModelConfig config = models::load_causal_lm(testing::fixture("llama-gqa").string())->config();
+  const int64_t heads = config.num_key_value_heads, dim = config.head_dim;
+  inference::KvWorkspace workspace;
+  workspace.reserve(config, 6, 8, torch::kFloat32, torch::kCPU);
+  inference::ContiguousKvCache cache(workspace, 2);
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> keys, values;  // per layer [2, H_kv, 3, D]
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    keys.push_back(torch::randn({2, heads, 3, dim}));
+    values.push_back(torch::randn({2, heads, 3, dim}));
+    cache.append(layer, keys.back(), values.back());
+  }
+  cache.commit(3);
+  cache.repeat_rows(3);
+  EXPECT_EQ(cache.batch(), 6);
+  EXPECT_EQ(cache.cached_length(), 3);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    EXPECT_TRUE(torch::equal(workspace.keys(layer, 6).narrow(2, 0, 3), keys[layer].repeat_interleave(3, 0)));
+    EXPECT_TRUE(torch::equal(workspace.values(layer, 6).narrow(2, 0, 3), values[layer].repeat_interleave(3, 0)));
+  }
+  // The next append covers all six rows.
+  auto kv = cache.append(0, torch::zeros({6, heads, 1, dim}), torch::zeros({6, heads, 1, dim}));
+  EXPECT_EQ(kv.first.size(0), 6);
+  EXPECT_EQ(kv.first.size(2), 4);
+  EXPECT_THROW_WITH(cache.repeat_rows(2), core::InvalidArgument,
+                    "repeating 6 rows 2 times needs 12 rows, but the workspace holds 6");
+}
+
+// num_return_sequences = n prefills each prompt once and copies its cache rows and logits to its
+// n rows; the ids must be those of generating the explicitly repeated prompts (n-fold prefill).
+// Sampled ids are compared exactly too: both paths draw B * n tokens per step from the same seeded
+// generator, and on the CPU these fixtures' prefill logits of a row came out bitwise the same in a
+// batch of 3 and of 9 rows (checked; a GEMM may in general block differently per batch size).
+TEST(InferenceEngine, SharedPrefillMatchesRepeatedPrompts) {
+  const int64_t n = 3;
+  for (const std::string name : {"opt-preln", "llama-gqa"}) {
+    auto model = models::load_causal_lm(testing::fixture(name).string());
+    const Prompts p = fixture_prompts(name);  // [3, 10]: prompts of 10, 7 and 4 tokens, left-padded
+    const GenerationResult expanded = inference::repeat_for_return_sequences(p.ids, p.mask, n);  // [9, 10]
+    InferenceEngine shared(model, quiet(32)), repeated(model, quiet(32));
+    InferenceEngineOptions full_options = quiet(32);
+    full_options.full_capacity_decode = true;  // the CUDA-graph step's layout, eagerly: B * n rows
+    InferenceEngine full(model, full_options);
+    for (const bool sample : {false, true}) {
+      core::GenerationConfig config;
+      config.max_new_tokens = 10;
+      config.do_sample = sample;
+      config.temperature = 1.0;
+      config.top_k = 0;
+      config.seed = 13;
+      config.num_return_sequences = 1;
+      GenerationResult reference = repeated.generate(expanded.sequences, expanded.attention_mask, config);
+      if (sample) {
+        // An EOS that row 1 samples at its third token: rows of one prompt then finish apart.
+        config.eos_token_id = reference.sequences[1][p.ids.size(1) + 2].item<int64_t>();
+        config.pad_token_id = 0;
+        reference = repeated.generate(expanded.sequences, expanded.attention_mask, config);
+      }
+      config.num_return_sequences = n;
+      for (InferenceEngine* engine : {&shared, &full}) {
+        GenerationResult got = engine->generate(p.ids, p.mask, config);
+        const std::string what = name + (sample ? ", sampled" : ", greedy") +
+                                 (engine == &full ? ", full-capacity decode" : "");
+        ASSERT_EQ(got.sequences.size(0), p.ids.size(0) * n) << what;
+        EXPECT_TRUE(torch::equal(got.sequences, reference.sequences))
+            << what << "\n" << got.sequences << "\nrepeated prompts\n" << reference.sequences;
+        EXPECT_TRUE(torch::equal(got.attention_mask, reference.attention_mask)) << what;
+        // The prefill ran on the 3 prompts; the 9 rows decoded from there.
+        EXPECT_EQ(engine->last_stats().prefill_rows, p.ids.size(0)) << what;
+        EXPECT_EQ(engine->last_stats().batch, p.ids.size(0) * n) << what;
+        EXPECT_EQ(engine->last_stats().forward_steps, repeated.last_stats().forward_steps) << what;
+      }
+      EXPECT_EQ(repeated.last_stats().prefill_rows, p.ids.size(0) * n);
+      if (sample) {
+        // Sampling differs across a prompt's rows (else the comparison above proves little), and
+        // row 1 stopped at its EOS while the others ran on.
+        const torch::Tensor answers = reference.sequences.narrow(1, p.ids.size(1), 3);  // [9, 3]
+        EXPECT_FALSE(torch::equal(answers[0], answers[1]) && torch::equal(answers[1], answers[2]))
+            << reference.sequences;
+        EXPECT_EQ(reference.attention_mask[1][p.ids.size(1) + 3].item<int64_t>(), 0) << reference.attention_mask;
+      }
+    }
+    // The FLOP estimate leaves out the prompt tokens of the rows that shared a prefill: the same
+    // latency and lengths give fewer FLOPs than an n-fold prefill.
+    inference::GenerationStats one = shared.last_stats();
+    inference::GenerationStats all = one;
+    all.prefill_rows = all.batch;
+    const auto& c = model->config();
+    inference::finish_generation_stats(all, c.num_hidden_layers, c.hidden_size, c.vocab_size);
+    inference::finish_generation_stats(one, c.num_hidden_layers, c.hidden_size, c.vocab_size);
+    EXPECT_LT(one.tflops, all.tflops);
+    EXPECT_NE(inference::format_generation_stats(one).find("batch 9 from 3 prompts"), std::string::npos)
+        << inference::format_generation_stats(one);
+  }
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ struct GenerationConfig {
   double top_p = 1.0;                  // (0, 1]; 1: off
   double repetition_penalty = 1.0;     // >= 1 divides positive / multiplies negative logits of seen tokens
   uint64_t seed = 42;                  // sampling is reproducible for a given seed
-  int64_t num_return_sequences = 1;    // answers per prompt; a prompt's answers are adjacent rows
+  int64_t num_return_sequences = 1;    // answers per prompt, adjacent rows; the prompt is prefilled
+                                       // once and its KV cache shared by its n samples
   std::optional<int64_t> eos_token_id; // none: always generate max_new_tokens
   std::optional<int64_t> pad_token_id; // written after a row's EOS; defaults to EOS (or 0)
 };

@@ -85,7 +85,8 @@ class HybridEngine {
 
   /// Collective when the world has several ranks (every rank calls it, each with its own
   /// prompts). Switches to eval mode first if needed. input_ids / attention_mask: [B, T]
-  /// left-padded. Returns [B, T + N] as inference::generate does.
+  /// left-padded. Returns [B * n, T + N] (n = config.num_return_sequences, each prompt prefilled
+  /// once and its KV shared by its n answers) as inference::generate does.
   inference::GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                        const core::GenerationConfig& config);
 

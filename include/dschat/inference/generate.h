@@ -19,12 +19,14 @@ struct GenerationResult {
 };
 
 /// The prompts each repeated `num_return_sequences` times, a prompt's copies in adjacent rows (as
-/// Hugging Face's generate): [B, T] -> [B * n, T]. n = 1 returns the tensors themselves.
+/// Hugging Face's generate): [B, T] -> [B * n, T]. n = 1 returns the tensors themselves. The
+/// row layout of generate()'s result; generate() itself prefills each prompt once, not n times.
 GenerationResult repeat_for_return_sequences(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                              int64_t num_return_sequences);
 
 /// input_ids, attention_mask: [B, T] (left padding: zeros at the start of short rows). Returns
-/// B * config.num_return_sequences rows, prompt i's answers in rows [i * n, (i + 1) * n). Logs nothing.
+/// B * config.num_return_sequences rows, prompt i's answers in rows [i * n, (i + 1) * n): the
+/// prompt is prefilled once and its KV cache shared by its n samples. Logs nothing.
 GenerationResult generate(models::CausalLM& model, const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                           const core::GenerationConfig& config);
 

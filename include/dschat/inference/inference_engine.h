@@ -16,6 +16,11 @@
 // - Decoding keeps inference::generate's behaviour: one prefill over the left-padded prompts, then
 //   one token per step; a row that emits EOS gets pad (and attention-mask 0) afterwards; the loop
 //   ends when every row has finished or after max_new_tokens.
+// - num_return_sequences = n: each prompt is prefilled ONCE (a prefill over the B prompts, not
+//   B * n rows); its cached keys/values and next-token logits are then copied to its n rows
+//   (ContiguousKvCache::repeat_rows), which sample and decode on independently. The workspace
+//   holds B * n rows; the ids equal those of generating the explicitly repeated prompts
+//   (repeat_for_return_sequences, n = 1) with the same seed.
 // - Host syncs: the hot loop reads the device only to learn whether every row has finished, at
 //   step 0 and then every finished_check_interval steps (every step on the CPU, every 8 on a GPU);
 //   steps run after the last row finished are trimmed off, so the ids do not depend on it. The
@@ -80,7 +85,9 @@ class InferenceEngine {
   InferenceEngine& operator=(const InferenceEngine&) = delete;
 
   /// input_ids, attention_mask: [B, T] on the model's device (left padding: zeros at the start
-  /// of short rows) -> sequences and mask [B, T + N]. Collective with options.lockstep.
+  /// of short rows) -> sequences and mask [B * n, T + N] (n = config.num_return_sequences; prompt
+  /// i's answers in rows [i * n, (i + 1) * n), all from one prefill of prompt i). Collective with
+  /// options.lockstep.
   GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                             const core::GenerationConfig& config);
 

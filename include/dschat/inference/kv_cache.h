@@ -28,6 +28,13 @@ class ContiguousKvCache : public nn::KvCache {
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) override;
   void commit(int64_t new_tokens) override;
   int64_t capacity() const { return workspace_->max_tokens(); }
+  int64_t batch() const { return batch_; }
+
+  /// n samples per prompt from one prefill: the filled slots [0, cached_length()) of row b are
+  /// copied to rows [b * n, (b + 1) * n), and the cache then covers batch() * n rows (a prompt's
+  /// copies adjacent, as repeat_for_return_sequences lays out the prompts). Throws
+  /// core::InvalidArgument when batch() * n rows exceed the workspace's capacity.
+  void repeat_rows(int64_t n);
 
  private:
   std::shared_ptr<KvWorkspace> owned_;  // set by the first constructor only
