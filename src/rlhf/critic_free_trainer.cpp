@@ -191,15 +191,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   result.steps = step;
   result.seconds = seconds_since(start);
 
-  auto actor_params = trained_parameters(models.actor->training_engine(), context);
-  if (rank == 0) {
-    const fs::path staging = staging_dir_for(config.output_dir);
-    io::remove_directory_tree(staging);
-    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
-    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
-    commit_step_output(staging, config.output_dir, result.to_json());
-  }
-  if (context.communicator) context.communicator->barrier();
+  save_rl_outputs(models, tokenizer, config.output_dir, result.to_json(), context);
   runner.finish();
   return result;
 }

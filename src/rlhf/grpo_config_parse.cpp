@@ -110,12 +110,7 @@ GrpoConfig parse_grpo_config(const nlohmann::json& json, const std::string& wher
   read_common(o, c.common);
   read_model(o, "actor_", c.actor);
   c.n_samples_per_prompt = read_min(o, "n_samples_per_prompt", d.n_samples_per_prompt, 2);
-  c.per_device_generation_batch_size =
-      read_min(o, "per_device_generation_batch_size", c.per_device_generation_batch_size, 1);
-  c.per_device_training_batch_size = read_min(o, "per_device_training_batch_size", c.per_device_training_batch_size, 1);
-  c.ppo_epochs = read_min(o, "ppo_epochs", c.ppo_epochs, 1);
-  c.max_prompt_seq_len = read_min(o, "max_prompt_seq_len", c.max_prompt_seq_len, 1);
-  c.max_answer_seq_len = read_min(o, "max_answer_seq_len", c.max_answer_seq_len, 1);
+  read_policy_step_keys(o, c);
   c.scale_rewards = read_choice(o, "scale_rewards", c.scale_rewards, {"none", "group", "batch"});
   c.normalize_advantages = o.get<bool>("normalize_advantages", c.normalize_advantages);
   c.kl_coef = read_nonnegative(o, "kl_coef", d.kl_coef);
@@ -126,17 +121,6 @@ GrpoConfig parse_grpo_config(const nlohmann::json& json, const std::string& wher
   c.loss_aggregation = read_choice(o, "loss_aggregation", d.loss_aggregation, {"token-mean", "sequence-mean"});
   c.dynamic_sampling = o.get<bool>("dynamic_sampling", c.dynamic_sampling);
   c.dynamic_sampling_max_batches = read_min(o, "dynamic_sampling_max_batches", c.dynamic_sampling_max_batches, 1);
-  c.enable_hybrid_engine = o.get<bool>("enable_hybrid_engine", c.enable_hybrid_engine);
-  c.unpin_actor_parameters = o.get<bool>("unpin_actor_parameters", c.unpin_actor_parameters);
-  c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
-  c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
-  c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
-  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
-  c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
-  c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});
-  read_sampling(o, c.sampling);
-  c.print_answers = o.get<bool>("print_answers", c.print_answers);
-  c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
   c.output_dir = o.get<std::string>("output_dir", c.output_dir);
   c.rewards = parse_reward_sources(o.get<nlohmann::json>("rewards", nullptr), o.at("rewards"));
   o.finish();

@@ -353,18 +353,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                 (result.generate_seconds + result.train_seconds)
           : 0.0;
 
-  // <output_dir>/{actor, critic, actor_ema}, assembled beside it and renamed into place.
-  auto actor_params = trained_parameters(models.actor->training_engine(), context);
-  auto critic_params = trained_parameters(*models.critic_engine, context);
-  if (rank == 0) {
-    const fs::path staging = staging_dir_for(config.output_dir);
-    io::remove_directory_tree(staging);
-    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
-    write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
-    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
-    commit_step_output(staging, config.output_dir, result.to_json());
-  }
-  if (context.communicator) context.communicator->barrier();
+  save_rl_outputs(models, tokenizer, config.output_dir, result.to_json(), context);
   runner.finish();
   return result;
 }

@@ -181,6 +181,22 @@ void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string
   }
 }
 
+void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
+                     const nlohmann::json& summary, const StepContext& context) {
+  auto actor_params = trained_parameters(models.actor->training_engine(), context);
+  std::map<std::string, torch::Tensor> critic_params;
+  if (models.critic_engine) critic_params = trained_parameters(*models.critic_engine, context);
+  if (context_rank(context) == 0) {
+    const std::filesystem::path staging = staging_dir_for(output_dir);
+    io::remove_directory_tree(staging);
+    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
+    if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
+    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
+    commit_step_output(staging, output_dir, summary);
+  }
+  if (context.communicator) context.communicator->barrier();
+}
+
 void update_ema(RlhfModels& models, double beta) {
   if (!models.ema) return;
   engine::TrainingEngine& engine = models.actor->training_engine();

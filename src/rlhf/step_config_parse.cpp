@@ -104,26 +104,11 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
   read_model(o, "actor_", c.actor);
   read_model(o, "critic_", c.critic);
   c.num_padding_at_beginning = read_min(o, "num_padding_at_beginning", c.num_padding_at_beginning, 0);
-  c.per_device_generation_batch_size =
-      read_min(o, "per_device_generation_batch_size", c.per_device_generation_batch_size, 1);
-  c.per_device_training_batch_size = read_min(o, "per_device_training_batch_size", c.per_device_training_batch_size, 1);
+  read_policy_step_keys(o, c);
   c.generation_batches = read_min(o, "generation_batches", c.generation_batches, 1);
-  c.ppo_epochs = read_min(o, "ppo_epochs", c.ppo_epochs, 1);
-  c.max_prompt_seq_len = read_min(o, "max_prompt_seq_len", c.max_prompt_seq_len, 1);
-  c.max_answer_seq_len = read_min(o, "max_answer_seq_len", c.max_answer_seq_len, 1);
-  c.enable_hybrid_engine = o.get<bool>("enable_hybrid_engine", c.enable_hybrid_engine);
-  c.unpin_actor_parameters = o.get<bool>("unpin_actor_parameters", c.unpin_actor_parameters);
-  c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
-  c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
-  c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
-  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
   c.offload_reward_model = o.get<bool>("offload_reward_model", c.offload_reward_model);
-  c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
   c.enable_mixed_precision_lora = o.get<bool>("enable_mixed_precision_lora", c.enable_mixed_precision_lora);
   c.align_overflow = o.get<bool>("align_overflow", c.align_overflow);
-  c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});
-  c.print_answers = o.get<bool>("print_answers", c.print_answers);
-  c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
   c.enable_test_mode = o.get<bool>("enable_test_mode", c.enable_test_mode);
   c.test_stop_step = read_min(o, "test_stop_step", c.test_stop_step, 0);
   // Ours; 0 would keep empty answers, which have no reward slot after the prompt.
@@ -139,7 +124,6 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
     p.lam = read_unit(*k, "lam", p.lam);
     k->finish();
   }
-  read_sampling(o, c.sampling);
   o.finish();
 
   // DS-Chat's step-3 argument checks (main.py), after finish() so a misspelt key is reported as

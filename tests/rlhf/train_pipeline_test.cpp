@@ -278,19 +278,21 @@ TEST(TrainPipeline, ConfigErrorsNameTheKey) {
   EXPECT_NE(out.find("actor_learning_rate"), std::string::npos) << out;
 }
 
-// The two numbers of the demo table's line that contains `marker`: "SFT model  0.56  PPO model  0.59".
-std::pair<double, double> sft_and_ppo(const std::string& table, const std::string& marker) {
+// The two numbers of the demo table's line that contains `marker`: "SFT model  0.56  PPO model  0.59"
+// (`policy`: the RL step's name in the table).
+std::pair<double, double> sft_and_ppo(const std::string& table, const std::string& marker,
+                                      const std::string& policy = "PPO") {
   const size_t at = table.find(marker);
   EXPECT_NE(at, std::string::npos) << marker << " missing from:\n" << table;
   if (at == std::string::npos) return {0.0, 0.0};
   const size_t line_start = table.rfind('\n', at) + 1;
   const std::string line = table.substr(line_start, table.find('\n', at) - line_start);
   double sft = 0.0, ppo = 0.0;
-  const size_t sft_at = line.find("SFT model"), ppo_at = line.find("PPO model");
+  const size_t sft_at = line.find("SFT model"), ppo_at = line.find(policy + " model");
   EXPECT_TRUE(sft_at != std::string::npos && ppo_at != std::string::npos) << line;
   if (sft_at == std::string::npos || ppo_at == std::string::npos) return {0.0, 0.0};
   sft = std::stod(line.substr(sft_at + 9));
-  ppo = std::stod(line.substr(ppo_at + 9));
+  ppo = std::stod(line.substr(ppo_at + policy.size() + 6));
   return {sft, ppo};
 }
 
@@ -314,7 +316,7 @@ TEST(TrainPipelineSlow, DemoPpoRaisesTheSampledTaskScoreOnHeldOutPrompts) {
             0)
       << out;
   const std::string table = out.substr(std::min(out.size(), out.find("dschat demo:")));
-  const auto [sft_sampled, ppo_sampled] = sft_and_ppo(table, "(sampled as in step 3");
+  const auto [sft_sampled, ppo_sampled] = sft_and_ppo(table, "(sampled as in training");
   const auto [sft_greedy, ppo_greedy] = sft_and_ppo(table, "(greedy:");
   EXPECT_GE(ppo_sampled - sft_sampled, 0.03) << table;
   EXPECT_GE(ppo_greedy, sft_greedy - 0.05) << "PPO must not cost the greedy answers\n" << table;
@@ -323,6 +325,34 @@ TEST(TrainPipelineSlow, DemoPpoRaisesTheSampledTaskScoreOnHeldOutPrompts) {
   const auto [accuracy_before, accuracy_after] = before_and_after(table, "reward model accuracy");
   EXPECT_GT(accuracy_after, 0.6) << table;
   expect_full_layout(tmp.path() / "demo");
+}
+
+// The demo's other pipelines on one SFT model: `dschat train --pipeline sft-grpo` (SFT, then GRPO
+// rewarded by the task's checker), then `--pipeline sft-dpo` into the same output directory (step 1
+// is found finished and skipped; DPO trains on the demo pairs). Measured on the 2-core development
+// machine: GRPO sampled score SFT 0.347 -> GRPO 0.462, greedy 0.609 -> 0.587 (GRPO does not raise
+// the greedy score on these held-out prompts; see docs/trainers.md); DPO on the held-out pairs:
+// margin 0 -> 0.77 and accuracy 0 -> 0.72 after its first epoch. About 5 minutes, hence Slow.
+TEST(TrainPipelineSlow, DemoGrpoRaisesTheSampledTaskScoreAndDpoTheHeldOutMargin) {
+  testing::TempDir tmp;
+  const std::string out_dir = (tmp.path() / "demo").string();
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + " train --pipeline sft-grpo --no-progress --output-dir " + out_dir, &out), 0)
+      << out;
+  const std::string table = out.substr(std::min(out.size(), out.find("dschat demo:")));
+  const auto [sft_sampled, grpo_sampled] = sft_and_ppo(table, "(sampled as in training", "GRPO");
+  const auto [sft_greedy, grpo_greedy] = sft_and_ppo(table, "(greedy:", "GRPO");
+  EXPECT_GE(grpo_sampled - sft_sampled, 0.06) << table;
+  EXPECT_GE(grpo_greedy, sft_greedy - 0.05) << "GRPO must not cost the greedy answers\n" << table;
+  EXPECT_TRUE(fs::exists(tmp.path() / "demo/grpo/actor/config.json"));
+
+  ASSERT_EQ(testing::run_command(cli() + " train --pipeline sft-dpo --no-progress --output-dir " + out_dir, &out), 0)
+      << out;
+  EXPECT_NE(out.find("Step 1 already finished"), std::string::npos) << out;
+  const nlohmann::json dpo = core::read_json_file((tmp.path() / "demo/dpo/training_summary.json").string());
+  EXPECT_NEAR(dpo["before"]["margin"].get<double>(), 0.0, 1e-9) << dpo.dump();
+  EXPECT_GE(dpo["after"]["margin"].get<double>(), 0.3) << dpo.dump();
+  EXPECT_GE(dpo["after"]["accuracy"].get<double>(), 0.6) << dpo.dump();
 }
 
 }  // namespace

@@ -65,12 +65,14 @@ void run_train(const TrainFlags& flags) {
   }
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
-  // The table compares SFT with PPO and scores with the reward model: not for the DPO pipeline.
+  // The table compares SFT with the RL step's model on the task: not for the DPO pipeline.
   if (!plan.demo || !is_rank0(context) || plan.config.dpo()) return;
-  // The table compares the step-1 and step-3 models: only once all three steps have finished.
-  for (const char* step : {"step1", "step2", "step3"}) {
+  // Only once every step of the pipeline has finished.
+  const std::vector<const char*> steps =
+      plan.config.critic_free() ? std::vector<const char*>{"step1", "step2"} : std::vector<const char*>{"step1", "step2", "step3"};
+  for (const char* step : steps) {
     if (!result.summaries.contains(step)) {
-      std::cout << "(no demo table: " << step << " has not run; it compares the SFT and PPO models)\n";
+      std::cout << "(no demo table: " << step << " has not run; it compares the SFT and RL models)\n";
       return;
     }
   }

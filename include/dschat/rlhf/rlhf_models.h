@@ -30,6 +30,7 @@
 #include "dschat/models/value_head.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "dschat/rlhf/step_context.h"
+#include "dschat/tokenizer/tokenizer.h"
 
 namespace dschat {
 namespace rlhf {
@@ -97,6 +98,11 @@ models::ValueHeadModel load_frozen_value_model(const std::string& path, const Mo
 /// tag directory is complete or absent. Given the writer, written from host copies on its thread.
 void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string& tag,
                          const std::map<std::string, torch::Tensor>& ema, engine::AsyncCheckpointWriter* background);
+
+/// Collective: the trained models as Hugging Face directories <output_dir>/actor (and critic and
+/// actor_ema where they exist), assembled beside it and renamed into place with `summary`.
+void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
+                     const nlohmann::json& summary, const StepContext& context);
 
 /// ema <- lerp(actor, ema, beta) for every parameter (ZeRO-3 partitions gathered first).
 void update_ema(RlhfModels& models, double beta);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "dschat/core/json_file.h"
@@ -72,30 +73,38 @@ std::vector<std::string> answer_all(models::CausalLM& model, const tokenizer::To
   return answers;
 }
 
+// How the RL step sampled its answers (step 3's or the critic-free step's settings).
+struct RlSampling {
+  ExperienceSampling sampling;
+  int64_t max_answer_seq_len = 0;
+  uint32_t seed = 0;
+};
+
+// reward: the step-2 reward model's scores of the greedy answers (null: not scored).
 ModelScores score_model(const std::string& model_dir, const tokenizer::Tokenizer& tokenizer,
-                        models::ValueHeadModel& reward, const std::vector<std::string>& prompts,
-                        const PpoConfig& step3) {
+                        models::ValueHeadModel* reward, const std::vector<std::string>& prompts,
+                        const RlSampling& rl) {
   models::CausalLM model = models::load_causal_lm(model_dir, {});
   core::GenerationConfig greedy;
-  greedy.max_new_tokens = step3.max_answer_seq_len;
+  greedy.max_new_tokens = rl.max_answer_seq_len;
   ModelScores scores;
   scores.answers = answer_all(model, tokenizer, prompts, greedy);
   const int64_t pad = pad_token_of(tokenizer);
   for (size_t i = 0; i < prompts.size(); ++i) {
     scores.task += data::demo_task_score(prompts[i], scores.answers[i]);
-    scores.reward += reward_of(reward, tokenizer, prompts[i], scores.answers[i], pad);
+    if (reward != nullptr) scores.reward += reward_of(*reward, tokenizer, prompts[i], scores.answers[i], pad);
   }
   scores.task /= static_cast<double>(prompts.size());
   scores.reward /= static_cast<double>(prompts.size());
 
-  // The policy PPO optimises is the sampling one: kSamplesPerPrompt answers per prompt at the
-  // step-3 sampling settings, from a fixed seed.
+  // The policy RL optimises is the sampling one: kSamplesPerPrompt answers per prompt at the
+  // RL step's sampling settings, from a fixed seed.
   core::GenerationConfig sampling = greedy;
   sampling.do_sample = true;
-  sampling.temperature = step3.sampling.temperature;
-  sampling.top_k = step3.sampling.top_k;
-  sampling.top_p = step3.sampling.top_p;
-  sampling.seed = step3.common.seed;
+  sampling.temperature = rl.sampling.temperature;
+  sampling.top_k = rl.sampling.top_k;
+  sampling.top_p = rl.sampling.top_p;
+  sampling.seed = rl.seed;
   std::vector<std::string> repeated;
   for (int64_t s = 0; s < kSamplesPerPrompt; ++s) repeated.insert(repeated.end(), prompts.begin(), prompts.end());
   const std::vector<std::string> sampled = answer_all(model, tokenizer, repeated, sampling);
@@ -113,7 +122,7 @@ DemoReport evaluate_demo(const PipelineConfig& config, const PipelineResult& res
     report.sft_eval_loss_before = s["step1"].value("eval_loss_before", 0.0);
     report.sft_eval_loss_after = s["step1"].value("eval_loss_after", 0.0);
   }
-  if (s.contains("step2")) {
+  if (s.contains("step2") && !config.critic_free()) {
     report.rm_accuracy_before = s["step2"]["before"].value("accuracy", 0.0);
     report.rm_accuracy_after = s["step2"]["after"].value("accuracy", 0.0);
   }
@@ -121,10 +130,23 @@ DemoReport evaluate_demo(const PipelineConfig& config, const PipelineResult& res
   DSCHAT_CHECK(!prompts.empty(), InvalidArgument, eval_file.string(), ": no prompts");
   report.prompts = static_cast<int64_t>(prompts.size());
   auto tokenizer = tokenizer::Tokenizer::load(config.tokenizer.empty() ? config.step1.output_dir : config.tokenizer);
-  models::ValueHeadModel reward = models::load_value_model(config.step2.output_dir, {});
-  const ModelScores sft = score_model(config.step1.output_dir, tokenizer, reward, prompts, config.step3);
-  const ModelScores ppo =
-      score_model((fs::path(config.step3.output_dir) / "actor").string(), tokenizer, reward, prompts, config.step3);
+  // The critic-free pipelines have no reward model: the demo task's checker was their reward.
+  const bool critic_free = config.critic_free();
+  report.policy = critic_free ? "GRPO" : "PPO";
+  if (critic_free && config.step2_grpo.advantage_estimator == "rloo") report.policy = "RLOO";
+  if (critic_free && config.step2_grpo.advantage_estimator.rfind("reinforce_pp", 0) == 0) report.policy = "REINFORCE++";
+  report.reward_model = !critic_free;
+  std::optional<models::ValueHeadModel> reward;
+  if (!critic_free) reward = models::load_value_model(config.step2.output_dir, {});
+  const RlSampling rl = critic_free ? RlSampling{config.step2_grpo.sampling, config.step2_grpo.max_answer_seq_len,
+                                                 config.step2_grpo.common.seed}
+                                    : RlSampling{config.step3.sampling, config.step3.max_answer_seq_len,
+                                                 config.step3.common.seed};
+  const std::string policy_dir =
+      (fs::path(critic_free ? config.step2_grpo.output_dir : config.step3.output_dir) / "actor").string();
+  models::ValueHeadModel* scorer = reward ? &*reward : nullptr;
+  const ModelScores sft = score_model(config.step1.output_dir, tokenizer, scorer, prompts, rl);
+  const ModelScores ppo = score_model(policy_dir, tokenizer, scorer, prompts, rl);
   report.sft_task_score = sft.task;
   report.ppo_task_score = ppo.task;
   report.sft_sampled_task_score = sft.sampled_task;
@@ -138,22 +160,31 @@ DemoReport evaluate_demo(const PipelineConfig& config, const PipelineResult& res
 }
 
 std::string format_demo_report(const DemoReport& r) {
-  char text[2048];
-  std::snprintf(text, sizeof(text),
-                "\n"
-                "  dschat demo: SFT -> reward model -> PPO on held-out prompts (%lld)\n"
+  const char* p = r.policy.c_str();
+  char text[3072];
+  int used = std::snprintf(text, sizeof(text),
+                           "\n"
+                           "  dschat demo: SFT -> %s on held-out prompts (%lld)\n"
+                           "  ---------------------------------------------------------------\n"
+                           "  step 1  SFT eval loss            %8.3f -> %8.3f\n",
+                           r.reward_model ? "reward model -> PPO" : p, static_cast<long long>(r.prompts),
+                           r.sft_eval_loss_before, r.sft_eval_loss_after);
+  if (r.reward_model) {
+    used += std::snprintf(text + used, sizeof(text) - used,
+                          "  step 2  reward model accuracy    %8.3f -> %8.3f\n"
+                          "  step 3  mean reward   SFT model  %8.3f    %s model %8.3f\n",
+                          r.rm_accuracy_before, r.rm_accuracy_after, r.sft_mean_reward, p, r.ppo_mean_reward);
+  } else {
+    used += std::snprintf(text + used, sizeof(text) - used,
+                          "  step 2  %s, rewarded by the demo task's checker (no reward model)\n", p);
+  }
+  std::snprintf(text + used, sizeof(text) - used,
+                "          task score    SFT model  %8.3f    %s model %8.3f   (greedy: share of exactly right answers)\n"
+                "          task score    SFT model  %8.3f    %s model %8.3f   (sampled as in training, %lld per prompt)\n"
                 "  ---------------------------------------------------------------\n"
-                "  step 1  SFT eval loss            %8.3f -> %8.3f\n"
-                "  step 2  reward model accuracy    %8.3f -> %8.3f\n"
-                "  step 3  mean reward   SFT model  %8.3f    PPO model %8.3f\n"
-                "          task score    SFT model  %8.3f    PPO model %8.3f   (greedy: share of exactly right answers)\n"
-                "          task score    SFT model  %8.3f    PPO model %8.3f   (sampled as in step 3, %lld per prompt)\n"
-                "  ---------------------------------------------------------------\n"
-                "  sample (PPO model): %s %s\n",
-                static_cast<long long>(r.prompts), r.sft_eval_loss_before, r.sft_eval_loss_after, r.rm_accuracy_before,
-                r.rm_accuracy_after, r.sft_mean_reward, r.ppo_mean_reward, r.sft_task_score, r.ppo_task_score,
-                r.sft_sampled_task_score, r.ppo_sampled_task_score, static_cast<long long>(r.samples_per_prompt),
-                r.sample_prompt.c_str(), r.sample_answer.c_str());
+                "  sample (%s model): %s %s\n",
+                r.sft_task_score, p, r.ppo_task_score, r.sft_sampled_task_score, p, r.ppo_sampled_task_score,
+                static_cast<long long>(r.samples_per_prompt), p, r.sample_prompt.c_str(), r.sample_answer.c_str());
   return text;
 }
 

@@ -14,6 +14,8 @@ namespace app {
 struct DemoReport {
   double sft_eval_loss_before = 0.0, sft_eval_loss_after = 0.0;
   double rm_accuracy_before = 0.0, rm_accuracy_after = 0.0;
+  std::string policy = "PPO";  // the RL step: PPO, or GRPO / RLOO / REINFORCE++ (critic-free pipelines)
+  bool reward_model = true;    // false for the critic-free pipelines: no step-2 reward model
   double sft_mean_reward = 0.0, ppo_mean_reward = 0.0;  // reward model's score of greedy answers
   double sft_task_score = 0.0, ppo_task_score = 0.0;    // ground truth: share of correct greedy answers
   // The same over answers sampled with step 3's experience_sampling settings (the policy PPO
@@ -24,7 +26,8 @@ struct DemoReport {
   std::string sample_prompt, sample_answer;
 };
 
-/// Greedy and sampled answers of the SFT model (<out>/actor) and the PPO model (<out>/step3/actor)
+/// Greedy and sampled answers of the SFT model (<out>/actor) and the RL model (<out>/step3/actor,
+/// or <out>/grpo/actor for the critic-free pipelines)
 /// to every distinct prompt of `eval_file` (demo JSON Lines), scored by the task's checker (and
 /// the greedy ones by the reward model, <out>/reward); the loss and accuracy figures come from the
 /// steps' summaries.

@@ -49,8 +49,13 @@ void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& us
                           user_file[name].contains("dtype");
     if (user_set || common->dtype == "fp32") continue;
     if (!core::resolve_device(common->device, std::string(name) + ": key 'device'", local_rank).is_cpu()) continue;
-    core::log_message(core::LogLevel::Warn, std::string(name) + ": the preset's dtype " + common->dtype +
-                                                " runs as fp32 on the CPU (set \"dtype\" in the step's block to keep it)");
+    // Warned only for the blocks this pipeline runs (the others change silently, unused).
+    bool runs = false;
+    for (int step : config.steps) runs = runs || &config.common_of(step) == common;
+    if (runs) {
+      core::log_message(core::LogLevel::Warn, std::string(name) + ": the preset's dtype " + common->dtype +
+                                                  " runs as fp32 on the CPU (set \"dtype\" in the step's block to keep it)");
+    }
     common->dtype = "fp32";
   }
 }
