@@ -2,7 +2,8 @@
 // `dschat train --pipeline sft-grpo` trains step 1, then GRPO from its model with the demo task's
 // checker and a format regex as rewards, logs, saves a model that loads, and after a kill resumes
 // to a bit-identical model; RLOO with a reward program and exact match, and REINFORCE++ with a
-// KL penalty and dynamic sampling, run through `dschat grpo`; a C++ callback is a reward source,
+// KL penalty and dynamic sampling, run through `dschat grpo`; a C++ callback is a reward source
+// (with the EMA and LoRA on),
 // and a failing one stops the step before any update; two ranks at ZeRO-2 and ZeRO-3.
 #include <gtest/gtest.h>
 
@@ -170,9 +171,15 @@ TEST(GrpoPipeline, ACallbackRewardAndAFailingOneStopsTheStepBeforeItsUpdate) {
     for (const auto& x : q) out.push_back(-static_cast<double>(x.response.size()));
     return out;
   };
+  grpo.enable_ema = true;   // and the EMA actor and LoRA adapters, as PPO has them
+  grpo.actor.lora_dim = 4;
   const rlhf::GrpoResult result = rlhf::run_grpo(grpo, context);
   EXPECT_EQ(calls, result.steps);
   EXPECT_TRUE(fs::exists(fs::path(grpo.output_dir) / "actor/config.json"));
+  EXPECT_TRUE(fs::exists(fs::path(grpo.output_dir) / "actor_ema/config.json"));
+  auto fused = models::load_causal_lm((fs::path(grpo.output_dir) / "actor").string());  // LoRA fused on save
+  grpo.enable_ema = false;
+  grpo.actor.lora_dim = 0;
 
   grpo.output_dir = (tmp / "out/failing").string();
   calls = 0;
