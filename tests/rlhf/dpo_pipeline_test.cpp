@@ -101,6 +101,29 @@ TEST(DpoPipeline, PipelineFlagAndDryRunNameTheDpoStep) {
   EXPECT_NE(out.find("'sft-ppo' is not one of"), std::string::npos) << out;
 }
 
+// DPO with LoRA on the decoder layers and only the adapters trained (`only_optimize_lora`): the
+// saved policy has the adapters fused into the layers' weights, and nothing else moved.
+TEST(DpoPipeline, LoraTrainsOnlyTheAdaptedLayersAndSavesThemFused) {
+  testing::TempDir tmp;
+  json blocks = dpo_blocks(0);
+  blocks["step2_dpo"]["lora_dim"] = 4;
+  blocks["step2_dpo"]["only_optimize_lora"] = true;
+  blocks["step2_dpo"]["num_train_epochs"] = 1;
+  blocks["step2_dpo"]["checkpoint_interval"] = 0;
+  const fs::path config = testing::write_tiny_pipeline_config(tmp.path(), blocks);
+  std::string out;
+  ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
+  const io::TensorMap dpo = io::load_state_dict(tmp / "out/dpo"), sft = io::load_state_dict(tmp / "out/actor");
+  ASSERT_EQ(dpo.size(), sft.size()) << "the adapters are fused, not saved as extra tensors";
+  EXPECT_GT(testing::max_abs_diff(dpo.at("model.decoder.layers.0.fc1.weight"), sft.at("model.decoder.layers.0.fc1.weight")),
+            0.0);
+  for (const char* frozen : {"model.decoder.embed_tokens.weight", "model.decoder.layers.0.fc1.bias"}) {
+    EXPECT_TRUE(torch::equal(dpo.at(frozen), sft.at(frozen))) << frozen;
+  }
+  // The adapters moved the implicit reward away from the reference's (0 before training).
+  EXPECT_NE(summary(tmp / "out/dpo")["after"]["margin"].get<double>(), 0.0);
+}
+
 // Two ranks: step 1 at ZeRO-2, DPO at ZeRO-2 and at ZeRO-3 (`dschat dpo` for the second).
 TEST(DpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
   testing::TempDir tmp;
