@@ -83,11 +83,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   if (runner.prepare_resume()) {
     const nlohmann::json state = models.actor->training_engine().load_checkpoint(ckpt / "actor");
     const std::string tag = state.at("tag").get<std::string>();
-    if (models.ema) {
-      io::TensorMap ema = io::load_state_dict(ckpt / "ema" / tag);
-      torch::NoGradGuard no_grad;
-      for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
-    }
+    load_ema_checkpoint(models, ckpt / "ema", tag);
     start_epoch = state.at("epoch").get<int64_t>();
     skip_batches = state.at("batch").get<int64_t>();
     step = state.at("step").get<int64_t>();

@@ -198,11 +198,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
     const nlohmann::json state = actor_engine.load_checkpoint(ckpt / "actor");
     const std::string tag = state.at("tag").get<std::string>();
     models.critic_engine->load_checkpoint(ckpt / "critic", tag);
-    if (models.ema) {
-      io::TensorMap ema = io::load_state_dict(ckpt / "ema" / tag);
-      torch::NoGradGuard no_grad;
-      for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
-    }
+    load_ema_checkpoint(models, ckpt / "ema", tag);
     start_epoch = state.at("epoch").get<int64_t>();
     skip_batches = state.at("batch").get<int64_t>();
     step = state.at("step").get<int64_t>();

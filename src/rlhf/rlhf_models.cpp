@@ -181,6 +181,13 @@ void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string
   }
 }
 
+void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_dir, const std::string& tag) {
+  if (!models.ema) return;
+  io::TensorMap ema = io::load_state_dict(ema_dir / tag);
+  torch::NoGradGuard no_grad;
+  for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
+}
+
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
                      const nlohmann::json& summary, const StepContext& context) {
   auto actor_params = trained_parameters(models.actor->training_engine(), context);

@@ -99,6 +99,9 @@ models::ValueHeadModel load_frozen_value_model(const std::string& path, const Mo
 void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string& tag,
                          const std::map<std::string, torch::Tensor>& ema, engine::AsyncCheckpointWriter* background);
 
+/// Restores the EMA weights of checkpoint `tag` (save_ema_checkpoint's); nothing without an EMA.
+void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_dir, const std::string& tag);
+
 /// Collective: the trained models as Hugging Face directories <output_dir>/actor (and critic and
 /// actor_ema where they exist), assembled beside it and renamed into place with `summary`.
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
