@@ -66,6 +66,11 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   const int64_t steps_per_epoch = (sampler.num_samples() + gen_bs - 1) / gen_bs;
   const int64_t gas = config.common.gradient_accumulation_steps;
   const int64_t micro_per_step = (gen_bs * n + train_bs - 1) / train_bs;
+  // An optimizer window must not straddle two steps: its token count (token-mean) and the
+  // checkpoint after each step both assume every pass ends on an accumulation boundary.
+  DSCHAT_CHECK(micro_per_step % gas == 0, ConfigError, where, ": gradient_accumulation_steps ", gas,
+               " must divide the micro-batches of a pass, ", micro_per_step, " (n_samples_per_prompt ", n,
+               " x per_device_generation_batch_size ", gen_bs, " answers in micro-batches of ", train_bs, ")");
   const int64_t total_iters =
       std::max<int64_t>(1, config.common.num_train_epochs * steps_per_epoch * config.ppo_epochs * micro_per_step / gas);
   const PpoConfig view = policy_view(config);

@@ -171,6 +171,10 @@ TEST(GrpoPipeline, ACallbackRewardAndAFailingOneStopsTheStepBeforeItsUpdate) {
     for (const auto& x : q) out.push_back(-static_cast<double>(x.response.size()));
     return out;
   };
+  grpo.common.gradient_accumulation_steps = 3;  // 16 answers in micro-batches of 8: 2 per pass
+  EXPECT_THROW_WITH(rlhf::run_grpo(grpo, context), core::ConfigError,
+                    "gradient_accumulation_steps 3 must divide the micro-batches of a pass, 2");
+  grpo.common.gradient_accumulation_steps = 1;
   grpo.enable_ema = true;   // and the EMA actor and LoRA adapters, as PPO has them
   grpo.actor.lora_dim = 4;
   const rlhf::GrpoResult result = rlhf::run_grpo(grpo, context);
