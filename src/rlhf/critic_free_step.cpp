@@ -155,26 +155,21 @@ CriticFreeMicroStats critic_free_micro_step(hybrid::HybridEngine& actor, const G
   return stats;
 }
 
+std::vector<int64_t> host_indices(const torch::Tensor& rows) {
+  const torch::Tensor host = rows.to(torch::kCPU, torch::kInt64).contiguous();  // [K]; host tensors are not copied
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
 CriticFreeBatch select_rows(const CriticFreeBatch& batch, const torch::Tensor& rows) {
   CriticFreeBatch out = batch;
-  Experience& e = out.exp;
-  e.seq = rows_of(e.seq, rows);
-  e.attention_mask = rows_of(e.attention_mask, rows);
-  e.logprobs = rows_of(e.logprobs, rows);
-  e.ref_logprobs = rows_of(e.ref_logprobs, rows);
-  e.values = rows_of(e.values, rows);
-  e.reward_score = rows_of(e.reward_score, rows);
-  e.prompt_index = rows_of(e.prompt_index, rows);
+  out.exp = batch.exp.select(rows);
   out.rewards_per_source = rows_of(batch.rewards_per_source, rows);
   out.answer_mask = rows_of(batch.answer_mask, rows);
   out.old_logps = rows_of(batch.old_logps, rows);
   out.ref_logps = rows_of(batch.ref_logps, rows);
   out.advantages = rows_of(batch.advantages, rows);
-  const torch::Tensor host_rows = rows.to(torch::kCPU);
   out.answer_tokens.clear();
-  for (int64_t i = 0; i < host_rows.numel(); ++i) {
-    out.answer_tokens.push_back(batch.answer_tokens.at(static_cast<size_t>(host_rows[i].item<int64_t>())));
-  }
+  for (int64_t row : host_indices(rows)) out.answer_tokens.push_back(batch.answer_tokens.at(static_cast<size_t>(row)));
   return out;
 }
 

@@ -36,9 +36,8 @@ std::vector<double> window_tokens(const std::vector<torch::Tensor>& micro, const
   const int64_t windows = (static_cast<int64_t>(micro.size()) + gas - 1) / gas;
   torch::Tensor sums = torch::zeros({windows}, torch::kFloat64);  // [W]
   for (size_t i = 0; i < micro.size(); ++i) {
-    const torch::Tensor rows = micro[i];
     double tokens = 0.0;
-    for (int64_t r = 0; r < rows.numel(); ++r) tokens += static_cast<double>(batch.answer_tokens.at(static_cast<size_t>(rows[r].item<int64_t>())));
+    for (int64_t r : host_indices(micro[i])) tokens += static_cast<double>(batch.answer_tokens.at(static_cast<size_t>(r)));
     sums[static_cast<int64_t>(i) / gas] += tokens;
   }
   if (context.communicator && context.communicator->world_size() > 1) context.communicator->all_reduce(sums);

@@ -19,17 +19,31 @@ nn::MaskLayout mask_layout_of(const torch::Tensor& attention_mask) {
 
 }  // namespace
 
-Experience Experience::slice(int64_t begin, int64_t end) const {
-  auto rows = [&](const torch::Tensor& t) { return t.defined() ? t.slice(0, begin, end) : t; };
-  Experience out = *this;
-  out.seq = rows(seq);
-  out.attention_mask = rows(attention_mask);
-  out.logprobs = rows(logprobs);
-  out.ref_logprobs = rows(ref_logprobs);
-  out.values = rows(values);
-  out.reward_score = rows(reward_score);
-  out.prompt_index = rows(prompt_index);
+namespace {
+
+// `exp` with `take` applied to every defined per-row tensor.
+template <typename Take>
+Experience map_rows(const Experience& exp, Take take) {
+  auto rows = [&](const torch::Tensor& t) { return t.defined() ? take(t) : t; };
+  Experience out = exp;
+  out.seq = rows(exp.seq);
+  out.attention_mask = rows(exp.attention_mask);
+  out.logprobs = rows(exp.logprobs);
+  out.ref_logprobs = rows(exp.ref_logprobs);
+  out.values = rows(exp.values);
+  out.reward_score = rows(exp.reward_score);
+  out.prompt_index = rows(exp.prompt_index);
   return out;
+}
+
+}  // namespace
+
+Experience Experience::slice(int64_t begin, int64_t end) const {
+  return map_rows(*this, [&](const torch::Tensor& t) { return t.slice(0, begin, end); });
+}
+
+Experience Experience::select(const torch::Tensor& rows) const {
+  return map_rows(*this, [&](const torch::Tensor& t) { return t.index_select(0, rows.to(t.device())); });
 }
 
 RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_token_id,

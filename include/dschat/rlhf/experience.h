@@ -48,6 +48,8 @@ struct Experience {
   int64_t rows() const { return seq.defined() ? seq.size(0) : 0; }
   /// Rows [begin, end) of every defined tensor (a training micro-batch).
   Experience slice(int64_t begin, int64_t end) const;
+  /// The rows `rows` ([K] int64 indices, any device) of every defined tensor, in that order.
+  Experience select(const torch::Tensor& rows) const;
 };
 
 /// The reward of whole sequences: seq, attention_mask [B, L]; prompt_length P -> [B] float32.
