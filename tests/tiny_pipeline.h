@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rank_jobs.h"  // free_port
 #include "test_util.h"
 
 namespace dschat {
@@ -59,6 +60,14 @@ inline std::filesystem::path write_tiny_pipeline_config(const std::filesystem::p
   const std::filesystem::path file = dir / "config.json";
   std::ofstream(file) << tiny_pipeline_json(dir, extra).dump(2);
   return file;
+}
+
+/// `dschat launch` of two local ranks on a free port, ready for the dschat subcommand to append.
+/// Never the default port 29500: ctest runs the multi-process shards side by side, and two jobs
+/// on one port fail with EADDRINUSE.
+inline std::string two_rank_launch() {
+  const std::string cli = DSCHAT_CLI_PATH;
+  return cli + " launch --nproc-per-node 2 --master-port " + std::to_string(free_port()) + " -- " + cli;
 }
 
 }  // namespace testing

@@ -21,11 +21,14 @@ using nlohmann::json;
 
 std::string cli() { return DSCHAT_CLI_PATH; }
 
+// Two epochs of 6 steps (48 pairs, the tiny pipeline's phase-2 share; the demo's block reads
+// every pair) with a checkpoint after each step.
 json dpo_blocks(int zero_stage) {
   return {{"pipeline", "sft-dpo"},
           {"step2_dpo",
            {{"num_train_epochs", 2},
-            {"per_device_train_batch_size", 4},
+            {"data", {{"data_split", "2,4,4"}}},
+            {"per_device_train_batch_size", 8},
             {"per_device_eval_batch_size", 8},
             {"checkpoint_interval", 1},
             {"learning_rate", 1e-3},
@@ -130,7 +133,7 @@ TEST(DpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
   json blocks = dpo_blocks(2);
   blocks["step1"] = {{"zero_stage", 2}};
   const fs::path config = testing::write_tiny_pipeline_config(tmp.path(), blocks);
-  const std::string launch = cli() + " launch --nproc-per-node 2 -- " + cli();
+  const std::string launch = testing::two_rank_launch();
   std::string out;
   ASSERT_EQ(testing::run_command(launch + " train --config " + config.string() + " --no-progress", &out), 0) << out;
   const json two = summary(tmp / "out/dpo");

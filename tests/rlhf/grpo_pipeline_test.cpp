@@ -27,8 +27,10 @@ using nlohmann::json;
 
 std::string cli() { return DSCHAT_CLI_PATH; }
 
+// Six steps of 4 prompts (24 prompts: a fifth of the tiny data as phase 3) with 4 answers each.
 json grpo_blocks(const std::string& pipeline, json step) {
   json base = {{"num_train_epochs", 1},
+               {"data", {{"data_split", "4,4,2"}}},
                {"n_samples_per_prompt", 4},
                {"per_device_generation_batch_size", 4},
                {"per_device_training_batch_size", 8},
@@ -108,9 +110,7 @@ TEST(GrpoPipeline, RlooWithAProgramAndReinforceWithKlAndDynamicSamplingThroughTh
                             "    q = json.loads(line)\n"
                             "    ok = q['response'].strip() == q['meta'].get('chosen')\n"
                             "    print(json.dumps({'reward': 1.0 if ok else 0.0}), flush=True)\n";
-  // 36 of the tiny data's prompts (9 steps) per run.
-  json rloo = grpo_blocks("sft-rloo", {{"data", {{"data_split", "6,1,3"}}},
-                                       {"rewards", json::array({{{"type", "command"}, {"argv", {DSCHAT_PYTHON, program.string()}}},
+  json rloo = grpo_blocks("sft-rloo", {{"rewards", json::array({{{"type", "command"}, {"argv", {DSCHAT_PYTHON, program.string()}}},
                                                                {{"type", "exact_match"}, {"weight", 0.5}},
                                                                {{"type", "regex"}, {"pattern", "[a-z0-9]+"}, {"weight", 0.1}},
                                                                {{"type", "demo_task"}}})}});
@@ -129,7 +129,6 @@ TEST(GrpoPipeline, RlooWithAProgramAndReinforceWithKlAndDynamicSamplingThroughTh
   json reinforce = core::read_json_file(config.string());
   reinforce.erase("pipeline");
   reinforce["step2_grpo"] = grpo_blocks("", {{"advantage_estimator", "reinforce_pp"},
-                                             {"data", {{"data_split", "6,1,3"}}},
                                              {"kl_coef", 0.05},
                                              {"dynamic_sampling", true},
                                              {"dynamic_sampling_max_batches", 2},
@@ -207,7 +206,7 @@ TEST(GrpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
                                         {"data", {{"data_split", "6,1,3"}}}});
   blocks["step1"] = {{"zero_stage", 2}};
   const fs::path config = testing::write_tiny_pipeline_config(tmp.path(), blocks);
-  const std::string launch = cli() + " launch --nproc-per-node 2 -- " + cli();
+  const std::string launch = testing::two_rank_launch();
   std::string out;
   ASSERT_EQ(testing::run_command(launch + " train --config " + config.string() + " --no-progress", &out), 0) << out;
   const json two = summary(tmp / "out/grpo");

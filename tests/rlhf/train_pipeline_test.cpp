@@ -96,7 +96,7 @@ TEST(TrainPipelineMultiproc, TwoRanksZeroTwoAndThree) {
                                  {"step3", {{"actor_zero_stage", 3}, {"critic_zero_stage", 2}}}};
   const fs::path config = write_config(tmp.path(), stages);
   std::string out;
-  ASSERT_EQ(testing::run_command(cli() + " launch --nproc-per-node 2 -- " + cli() + " train --config " +
+  ASSERT_EQ(testing::run_command(testing::two_rank_launch() + " train --config " +
                                      config.string() + " --no-progress",
                                  &out),
             0)
@@ -122,11 +122,11 @@ TEST(TrainPipelineMultiproc, TwoRanksRecoverFromADamagedNewestTagAtZeroTwoAndThr
     SCOPED_TRACE("stage " + std::to_string(stage));
     const nlohmann::json step1 = {{"step1",
                                    {{"zero_stage", stage},
-                                    {"num_train_epochs", 3},
-                                    {"per_device_train_batch_size", 2},
+                                    {"num_train_epochs", 2},
+                                    {"per_device_train_batch_size", 4},
                                     {"checkpoint_interval", 1}}}};
     auto command = [&](const fs::path& config) {
-      return cli() + " launch --nproc-per-node 2 -- " + cli() + " sft --config " + config.string() + " --no-progress";
+      return testing::two_rank_launch() + " sft --config " + config.string() + " --no-progress";
     };
     testing::TempDir straight, broken;
     std::string out;
