@@ -24,7 +24,7 @@ void CollapseWatch::observe_generation(int64_t kept, int64_t generated) {
 }
 
 void CollapseWatch::observe_step(double mean_answer_tokens, double kl, const std::vector<std::string>& answers) {
-  warn_once(mean_answer_tokens < 2.5, short_active_,
+  warn_once(min_answer_tokens_ > 1 && mean_answer_tokens < static_cast<double>(min_answer_tokens_) + 0.5, short_active_,
             "PPO: mean answer length fell to " + std::to_string(mean_answer_tokens) +
                 " tokens; answers are drifting to empty");
   warn_once(max_answer_tokens_ > 4 && mean_answer_tokens >= static_cast<double>(max_answer_tokens_) - 0.5,

@@ -61,7 +61,7 @@ class PpoStepReports {
   PpoStepReports(const PpoConfig& config, const StepContext& context, const tokenizer::Tokenizer& tokenizer,
                  monitor::MetricsLog& metrics, monitor::Progress& progress, PpoResult& result, bool have_reward_ema)
       : config_(config), context_(context), tokenizer_(tokenizer), metrics_(metrics), progress_(progress),
-        result_(result), have_reward_ema_(have_reward_ema), collapse_(config.max_answer_seq_len) {}
+        result_(result), have_reward_ema_(have_reward_ema), collapse_(config.max_answer_seq_len, config.min_answer_tokens) {}
 
   PpoStatsQueue& stats() { return stats_; }
   monitor::CollapseWatch& collapse() { return collapse_; }

@@ -105,7 +105,7 @@ TEST(DemoTask, SloppyDemonstrationsDoubleThatShareOfAnswersAndNothingElse) {
     EXPECT_EQ(sloppy[i].chosen, examples[i].chosen + " " + examples[i].chosen);
     EXPECT_EQ(demo_task_score(sloppy[i].prompt, sloppy[i].chosen), 0.0) << "a doubled answer is wrong";
   }
-  EXPECT_NEAR(static_cast<double>(doubled) / static_cast<double>(examples.size()), 0.30, 0.03);
+  EXPECT_NEAR(static_cast<double>(doubled) / static_cast<double>(examples.size()), 0.60, 0.03);
   EXPECT_EQ(data::sloppy_demonstrations(examples, 1, 0), examples);
   for (const auto& example : data::sloppy_demonstrations(examples, 1, 100)) {
     EXPECT_EQ(demo_task_score(example.prompt, example.chosen), 0.0);

@@ -306,10 +306,12 @@ std::pair<double, double> before_and_after(const std::string& table, const std::
 }
 
 // The embedded demo itself: `dschat train` with no arguments (the README's first command, here with
-// an output directory), on its fixed seeds. PPO must raise the ground-truth score of the answers it
-// samples on the held-out prompts by a clear margin. Measured on the 2-core development machine:
-// sampled score SFT 0.33 -> PPO 0.47. About 3 minutes for the three steps and 5 for GRPO and DPO
-// after them, hence Slow.
+// an output directory), on its fixed seeds. PPO must raise the reward model's mean reward and the
+// ground-truth score of its greedy and sampled answers on the held-out prompts, without a collapse
+// warning. Measured on the 2-core development machine: mean reward SFT -4.26 -> PPO -2.30, greedy
+// score 0.109 -> 0.283, sampled 0.241 -> 0.283 (and the margins held on seeds 1-3,
+// docs/trainers.md). About 5 minutes for the three steps and 5 for GRPO and DPO after them,
+// hence Slow.
 TEST(TrainPipelineSlow, DemoPpoGrpoAndDpoRaiseTheirHeldOutScores) {
   testing::TempDir tmp;
   std::string out;
@@ -317,22 +319,24 @@ TEST(TrainPipelineSlow, DemoPpoGrpoAndDpoRaiseTheirHeldOutScores) {
             0)
       << out;
   const std::string table = out.substr(std::min(out.size(), out.find("dschat demo:")));
+  const auto [sft_reward, ppo_reward] = sft_and_ppo(table, "mean reward");
   const auto [sft_sampled, ppo_sampled] = sft_and_ppo(table, "(sampled as in training");
   const auto [sft_greedy, ppo_greedy] = sft_and_ppo(table, "(greedy:");
-  EXPECT_GE(ppo_sampled - sft_sampled, 0.03) << table;
-  EXPECT_GE(ppo_greedy, sft_greedy - 0.05) << "PPO must not cost the greedy answers\n" << table;
+  EXPECT_GE(ppo_reward - sft_reward, 0.5) << table;
+  EXPECT_GE(ppo_sampled - sft_sampled, 0.02) << table;
+  EXPECT_GE(ppo_greedy - sft_greedy, 0.08) << table;
+  EXPECT_EQ(out.find("[warning] PPO:"), std::string::npos) << "no collapse warning\n" << out;
   const auto [loss_before, loss_after] = before_and_after(table, "SFT eval loss");
   EXPECT_LT(loss_after, loss_before / 2) << table;
   const auto [accuracy_before, accuracy_after] = before_and_after(table, "reward model accuracy");
-  EXPECT_GT(accuracy_after, 0.6) << table;
+  EXPECT_GT(accuracy_after, 0.55) << table;
   expect_full_layout(tmp.path() / "demo");
 
   // The demo's other pipelines on the same SFT model: `--pipeline sft-grpo` (GRPO rewarded by the
   // task's checker), then `--pipeline sft-dpo`, into the same output directory (step 1 is found
-  // finished and skipped). Measured on the 2-core development machine: GRPO sampled score SFT
-  // 0.347 -> GRPO 0.462, greedy 0.609 -> 0.587 (GRPO does not raise the greedy score on these
-  // held-out prompts; docs/trainers.md); DPO on the held-out pairs: margin 0 -> 0.77, accuracy
-  // 0 -> 0.72 after its first epoch.
+  // finished and skipped). Measured on the 2-core development machine (docs/trainers.md): GRPO
+  // greedy score SFT 0.109 -> GRPO 0.587, sampled 0.241 -> 0.530; DPO on the held-out pairs:
+  // margin 0 -> 1.03, accuracy 0 -> 0.685.
   const std::string out_dir = (tmp.path() / "demo").string();
   ASSERT_EQ(testing::run_command(cli() + " train --pipeline sft-grpo --no-progress --output-dir " + out_dir, &out), 0)
       << out;
@@ -340,8 +344,8 @@ TEST(TrainPipelineSlow, DemoPpoGrpoAndDpoRaiseTheirHeldOutScores) {
   const std::string grpo_table = out.substr(std::min(out.size(), out.find("dschat demo:")));
   const auto [sft_sampled_again, grpo_sampled] = sft_and_ppo(grpo_table, "(sampled as in training", "GRPO");
   const auto [sft_greedy_again, grpo_greedy] = sft_and_ppo(grpo_table, "(greedy:", "GRPO");
-  EXPECT_GE(grpo_sampled - sft_sampled_again, 0.06) << grpo_table;
-  EXPECT_GE(grpo_greedy, sft_greedy_again - 0.05) << "GRPO must not cost the greedy answers\n" << grpo_table;
+  EXPECT_GE(grpo_greedy - sft_greedy_again, 0.25) << grpo_table;
+  EXPECT_GE(grpo_sampled - sft_sampled_again, 0.15) << grpo_table;
   EXPECT_TRUE(fs::exists(tmp.path() / "demo/grpo/actor/config.json"));
 
   ASSERT_EQ(testing::run_command(cli() + " train --pipeline sft-dpo --no-progress --output-dir " + out_dir, &out), 0)

@@ -75,10 +75,12 @@ double demo_task_score(std::string_view prompt, std::string_view answer);
 
 /// The step-1 demonstrations made from `examples`: the same records, but in `sloppy_percent` of
 /// them (drawn from the seed's own stream) `chosen` is the answer written twice ("7 7", "water
-/// water"), as a careless demonstrator would write it. SFT imitates that habit; the preference
-/// pairs rank the clean answer above the doubled one, which is what PPO then has to act on.
+/// water"), as a careless demonstrator would write it. SFT imitates that habit, and with more
+/// than half of the demonstrations doubled the habit wins the argmax: the SFT model's greedy
+/// answers are doubled, hence wrong. The preference pairs rank the clean answer above the doubled
+/// one, and the task's checker scores the doubled one 0, which is what PPO and GRPO act on.
 std::vector<PreferenceExample> sloppy_demonstrations(std::vector<PreferenceExample> examples, uint64_t seed,
-                                                     int64_t sloppy_percent = 30);
+                                                     int64_t sloppy_percent = 60);
 
 /// Writes <dir>/train.json (`train_count` records from the train prompts) and <dir>/eval.json
 /// (`eval_count` from the held-out prompts) as JSON Lines, one {"prompt","chosen","rejected"}

@@ -13,8 +13,12 @@ namespace monitor {
 
 class CollapseWatch {
  public:
-  explicit CollapseWatch(int64_t max_answer_tokens, double kl_limit = 10.0)
-      : max_answer_tokens_(max_answer_tokens), kl_limit_(kl_limit) {}
+  /// `min_answer_tokens` is the shortest answer the step keeps (DS-Chat: 2). The answers drift
+  /// to empty when their mean comes within half a token of it; with a minimum of one token a
+  /// one-token answer may be the right one (the demo task's), so length says nothing and only
+  /// the dropped-row warning watches for empty answers.
+  explicit CollapseWatch(int64_t max_answer_tokens, int64_t min_answer_tokens = 2, double kl_limit = 10.0)
+      : max_answer_tokens_(max_answer_tokens), min_answer_tokens_(min_answer_tokens), kl_limit_(kl_limit) {}
 
   /// After generation: `kept` rows of `generated` survived the too-short filter.
   void observe_generation(int64_t kept, int64_t generated);
@@ -28,6 +32,7 @@ class CollapseWatch {
   void warn_once(bool condition, bool& active, const std::string& message);
 
   int64_t max_answer_tokens_;
+  int64_t min_answer_tokens_;
   double kl_limit_;
   int64_t warnings_ = 0;
   bool dropped_active_ = false, repeated_active_ = false, short_active_ = false, long_active_ = false,
