@@ -96,11 +96,29 @@ void compute_advantages(const GrpoConfig& config, const torch::Tensor& weights, 
       estimator == "reinforce_pp" ? ReinforceEstimator::kReinforce : ReinforceEstimator::kReinforceBaseline;
   options.samples_per_prompt = n;
   options.kl_coef = kl_tokens.defined() ? config.kl_coef : 0.0;
-  const torch::Tensor scalar = (batch.rewards_per_source * weights).sum(1).to(device);  // [N]
-  const torch::Tensor kl = kl_tokens.defined()
-                               ? approx_kl(batch.old_logps, batch.ref_logps, kl_estimator_of(config))
-                               : torch::Tensor();  // [N, T]
-  batch.advantages = reinforce_advantages(scalar, kl, batch.answer_mask, options).advantages;  // [N, T]
+  torch::Tensor scalar = (batch.rewards_per_source * weights).sum(1).to(device);  // [N]
+  torch::Tensor kl = kl_tokens.defined() ? approx_kl(batch.old_logps, batch.ref_logps, kl_estimator_of(config))
+                                         : torch::Tensor();  // [N, T]
+  torch::Tensor mask = batch.answer_mask;                    // [N, T]
+  const int64_t world = context_world(context), width = mask.size(1);
+  if (world > 1) {
+    // OpenRLHF normalises over the whole batch of every data-parallel rank (its replay buffer
+    // all-reduces the mean and variance): every rank's rows, right padded to the widest rank's
+    // answers (padding is masked out of the statistics), then this rank's rows and columns back.
+    torch::Tensor widest = torch::full({1}, static_cast<float>(width), mask.options());  // [1]
+    context.communicator->all_reduce(widest, dist::ReduceOp::Max);
+    int64_t common = width;
+    {
+      core::HostSync sync("critic-free step (the widest rank's answers, once per batch)");
+      common = static_cast<int64_t>(widest.item<float>());
+    }
+    scalar = gather_rows(scalar, context);                        // [world * N]
+    mask = gather_rows(pad_columns(mask, common, 0.0), context);  // [world * N, T']
+    if (kl.defined()) kl = gather_rows(pad_columns(kl, common, 0.0), context);  // [world * N, T']
+  }
+  torch::Tensor advantages = reinforce_advantages(scalar, kl, mask, options).advantages;  // [world * N, T']
+  if (world > 1) advantages = own_rows(advantages, rows, context).narrow(1, 0, width).contiguous();
+  batch.advantages = advantages;  // [N, T]
 }
 
 CriticFreeMicroStats critic_free_micro_step(hybrid::HybridEngine& actor, const GrpoConfig& config,

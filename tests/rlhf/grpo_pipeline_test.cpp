@@ -197,7 +197,8 @@ TEST(GrpoPipeline, ACallbackRewardAndAFailingOneStopsTheStepBeforeItsUpdate) {
       << "the failed step must leave the first step's checkpoint as the latest";
 }
 
-// Two ranks: step 1 at ZeRO-2, GRPO (with a KL loss to the reference) at ZeRO-2, then at ZeRO-3.
+// Two ranks: step 1 at ZeRO-2, GRPO (with a KL loss to the reference) at ZeRO-2, then REINFORCE++
+// (its KL per token in the reward, its advantages normalised over both ranks' answers) at ZeRO-3.
 TEST(GrpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
   testing::TempDir tmp;
   json blocks = grpo_blocks("sft-grpo", {{"actor_zero_stage", 2},
@@ -215,6 +216,9 @@ TEST(GrpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
 
   json stage3 = core::read_json_file(config.string());
   stage3["step2_grpo"]["actor_zero_stage"] = 3;
+  stage3["step2_grpo"]["advantage_estimator"] = "reinforce_pp";
+  stage3["pipeline"] = "sft-reinforce_pp";
+  stage3["step2_grpo"].erase("scale_rewards");
   stage3["step2_grpo"]["output_dir"] = (tmp / "out/grpo3").string();
   std::ofstream(tmp / "stage3.json") << stage3.dump(2);
   ASSERT_EQ(testing::run_command(launch + " grpo --config " + (tmp / "stage3.json").string() + " --no-progress", &out),
@@ -222,6 +226,7 @@ TEST(GrpoPipelineMultiproc, TwoRanksAtZeroTwoAndThree) {
       << out;
   const json three = summary(tmp / "out/grpo3");
   EXPECT_EQ(three.at("steps"), two.at("steps"));
+  EXPECT_NE(out.find("| reinforce_pp | Loss: "), std::string::npos) << out;
   // The same samples (same seeds and weights at the first step): the first step's rewards agree.
   EXPECT_NEAR(three["step_rewards"][0].get<double>(), two["step_rewards"][0].get<double>(), 1e-6);
   auto model = models::load_causal_lm((tmp / "out/grpo3/actor").string());
