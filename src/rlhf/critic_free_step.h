@@ -33,9 +33,9 @@ KlEstimator kl_estimator_of(const GrpoConfig& config);
 /// Fills answer_mask, old_logps, ref_logps and answer_tokens from exp (one host read).
 void prepare_answers(CriticFreeBatch& batch);
 
-/// Sets batch.advantages. Collective for grpo and rloo (the batch-wide statistics of
-/// scale_rewards "batch" and normalize_advantages span every rank's answers: each rank gathers
-/// them all and keeps its own rows); reinforce_pp normalises over this rank's answers.
+/// Sets batch.advantages. Collective: the batch-wide statistics (grpo's scale_rewards "batch",
+/// rloo's normalize_advantages, REINFORCE++'s normalisation) span every rank's answers; each rank
+/// gathers them all and keeps its own rows (tests/rlhf/critic_free_multiproc_test.cpp).
 void compute_advantages(const GrpoConfig& config, const torch::Tensor& weights, CriticFreeBatch& batch,
                         const StepContext& context);
 

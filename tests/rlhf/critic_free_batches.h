@@ -1,0 +1,57 @@
+#pragma once
+// The answers each rank of the cross-rank advantage test holds (tests/rlhf/critic_free_worker.cpp
+// computes them on two ranks, tests/rlhf/critic_free_multiproc_test.cpp on one process): two
+// groups of 4 answers per rank, answer widths that differ between ranks (3 + rank columns), two
+// reward sources and policy/reference log-probs, all drawn from the rank's own seed.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dschat/rlhf/pipeline_config.h"
+#include "rlhf/critic_free_step.h"
+
+namespace dschat {
+namespace testing {
+
+constexpr int64_t kAnswersPerRank = 8, kSamplesPerPrompt = 4, kPromptColumns = 2;
+
+inline int64_t rank_answer_width(int64_t rank) { return 3 + rank; }
+
+/// Rank `rank`'s batch, its answer columns right padded with zeros (mask 0) to `width`.
+inline rlhf::CriticFreeBatch rank_answers(int64_t rank, int64_t width) {
+  const int64_t n = kAnswersPerRank, own = rank_answer_width(rank);
+  torch::manual_seed(100 + rank);
+  rlhf::CriticFreeBatch batch;
+  batch.rewards_per_source = torch::rand({n, 2});  // [N, 2]
+  torch::Tensor mask = torch::zeros({n, width});   // [N, width]
+  for (int64_t i = 0; i < n; ++i) mask[i].narrow(0, 0, 1 + i % own).fill_(1.0);
+  batch.answer_mask = mask;
+  batch.old_logps = torch::constant_pad_nd(-torch::rand({n, own}), {0, width - own}) * mask;  // [N, width]
+  batch.ref_logps = torch::constant_pad_nd(-torch::rand({n, own}), {0, width - own}) * mask;  // [N, width]
+  batch.exp.seq = torch::zeros({n, kPromptColumns + width}, torch::kInt64);                  // [N, P + width]
+  batch.exp.prompt_length = kPromptColumns;
+  return batch;
+}
+
+/// The three estimators with their batch-wide statistics on: grpo with scale_rewards "batch",
+/// rloo with normalize_advantages and a KL penalty, reinforce_pp with a per-token KL penalty.
+inline rlhf::GrpoConfig estimator_config(const std::string& estimator) {
+  rlhf::GrpoConfig config;
+  config.advantage_estimator = estimator;
+  config.n_samples_per_prompt = kSamplesPerPrompt;
+  config.scale_rewards = "batch";
+  config.normalize_advantages = true;
+  config.kl_coef = estimator == "grpo" ? 0.0 : 0.05;
+  config.kl_mode = "reward";
+  config.kl_estimator = "k1";
+  return config;
+}
+
+inline std::vector<std::string> estimators() { return {"grpo", "rloo", "reinforce_pp"}; }
+
+inline torch::Tensor source_weights() { return torch::tensor({1.0f, 0.5f}); }  // [2]
+
+}  // namespace testing
+}  // namespace dschat
