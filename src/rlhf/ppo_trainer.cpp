@@ -246,7 +246,8 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       std::optional<Experience> exp = make_experience(
           models, prompt_batch.input_ids, prompt_batch.attention_mask,
           experience_generation_config(config, eos, pad, sample_seed), pad, config.min_answer_tokens);
-      reports.collapse().observe_generation(exp ? exp->rows() : 0, gen_bs);
+      // The batch's own size: an epoch's last batch may hold fewer prompts than gen_bs.
+      reports.collapse().observe_generation(exp ? exp->rows() : 0, prompt_batch.input_ids.size(0));
       if (!exp) {
         if (!last_experience) {  // DS-Chat asserts here; we skip the batch
           ++result.skipped_batches;
