@@ -103,15 +103,12 @@ void compute_advantages(const GrpoConfig& config, const torch::Tensor& weights, 
   const int64_t world = context_world(context), width = mask.size(1);
   if (world > 1) {
     // OpenRLHF normalises over the whole batch of every data-parallel rank (its replay buffer
-    // all-reduces the mean and variance): every rank's rows, right padded to the widest rank's
-    // answers (padding is masked out of the statistics), then this rank's rows and columns back.
-    torch::Tensor widest = torch::full({1}, static_cast<float>(width), mask.options());  // [1]
-    context.communicator->all_reduce(widest, dist::ReduceOp::Max);
-    int64_t common = width;
-    {
-      core::HostSync sync("critic-free step (the widest rank's answers, once per batch)");
-      common = static_cast<int64_t>(widest.item<float>());
-    }
+    // all-reduces the mean and variance): every rank's rows, right padded to max_answer_seq_len
+    // (a width every rank knows without asking; padding is masked out of the statistics), then
+    // this rank's rows and columns back.
+    const int64_t common = config.max_answer_seq_len;
+    DSCHAT_CHECK(width <= common, InvalidArgument, "critic-free step: ", width,
+                 " answer columns exceed max_answer_seq_len ", common);
     scalar = gather_rows(scalar, context);                        // [world * N]
     mask = gather_rows(pad_columns(mask, common, 0.0), context);  // [world * N, T']
     if (kl.defined()) kl = gather_rows(pad_columns(kl, common, 0.0), context);  // [world * N, T']

@@ -52,11 +52,11 @@ CriticFreeMicroStats critic_free_micro_step(hybrid::HybridEngine& actor, const G
                                             const CriticFreeBatch& batch, const torch::Tensor& rows,
                                             double tokens_per_rank);
 
-/// Rows [begin, end) of every per-row tensor of the batch (dynamic sampling's groups), and the
-/// concatenation of several batches (padded on the right to the longest answer).
 /// The values of row indices [K] int64 (built on the host by the trainer) as a vector.
 std::vector<int64_t> host_indices(const torch::Tensor& rows);
 
+/// The rows `rows` of every per-row tensor of the batch (dynamic sampling's groups), and the
+/// concatenation of several batches (padded on the right to the longest answer).
 CriticFreeBatch select_rows(const CriticFreeBatch& batch, const torch::Tensor& rows);
 CriticFreeBatch concatenate(const std::vector<CriticFreeBatch>& parts, int64_t pad_token_id);
 

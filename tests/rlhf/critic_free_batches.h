@@ -19,18 +19,18 @@ constexpr int64_t kAnswersPerRank = 8, kSamplesPerPrompt = 4, kPromptColumns = 2
 
 inline int64_t rank_answer_width(int64_t rank) { return 3 + rank; }
 
-/// Rank `rank`'s batch, its answer columns right padded with zeros (mask 0) to `width`.
-inline rlhf::CriticFreeBatch rank_answers(int64_t rank, int64_t width) {
-  const int64_t n = kAnswersPerRank, own = rank_answer_width(rank);
+/// Rank `rank`'s batch: row i has 1 + i % T answer tokens of T = rank_answer_width(rank) columns.
+inline rlhf::CriticFreeBatch rank_answers(int64_t rank) {
+  const int64_t n = kAnswersPerRank, width = rank_answer_width(rank);
   torch::manual_seed(100 + rank);
   rlhf::CriticFreeBatch batch;
   batch.rewards_per_source = torch::rand({n, 2});  // [N, 2]
-  torch::Tensor mask = torch::zeros({n, width});   // [N, width]
-  for (int64_t i = 0; i < n; ++i) mask[i].narrow(0, 0, 1 + i % own).fill_(1.0);
+  torch::Tensor mask = torch::zeros({n, width});   // [N, T]
+  for (int64_t i = 0; i < n; ++i) mask[i].narrow(0, 0, 1 + i % width).fill_(1.0);
   batch.answer_mask = mask;
-  batch.old_logps = torch::constant_pad_nd(-torch::rand({n, own}), {0, width - own}) * mask;  // [N, width]
-  batch.ref_logps = torch::constant_pad_nd(-torch::rand({n, own}), {0, width - own}) * mask;  // [N, width]
-  batch.exp.seq = torch::zeros({n, kPromptColumns + width}, torch::kInt64);                  // [N, P + width]
+  batch.old_logps = -torch::rand({n, width}) * mask;                          // [N, T]
+  batch.ref_logps = -torch::rand({n, width}) * mask;                          // [N, T]
+  batch.exp.seq = torch::zeros({n, kPromptColumns + width}, torch::kInt64);  // [N, P + T]
   batch.exp.prompt_length = kPromptColumns;
   return batch;
 }

@@ -17,19 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-// Both ranks' answers as one batch, padded to the wider rank's answer width.
-rlhf::CriticFreeBatch both_ranks() {
-  const int64_t width = std::max(testing::rank_answer_width(0), testing::rank_answer_width(1));
-  rlhf::CriticFreeBatch a = testing::rank_answers(0, width), b = testing::rank_answers(1, width), both;
-  both.rewards_per_source = torch::cat({a.rewards_per_source, b.rewards_per_source});  // [2N, 2]
-  both.answer_mask = torch::cat({a.answer_mask, b.answer_mask});                      // [2N, T]
-  both.old_logps = torch::cat({a.old_logps, b.old_logps});                            // [2N, T]
-  both.ref_logps = torch::cat({a.ref_logps, b.ref_logps});                            // [2N, T]
-  both.exp.seq = torch::cat({a.exp.seq, b.exp.seq});                                  // [2N, P + T]
-  both.exp.prompt_length = a.exp.prompt_length;
-  return both;
-}
-
 TEST(CriticFreeMultiproc, TwoRanksNormaliseOverBothRanksAnswers) {
   testing::TempDir out;
   testing::JobSpec spec;
@@ -49,14 +36,15 @@ TEST(CriticFreeMultiproc, TwoRanksNormaliseOverBothRanksAnswers) {
   }
   for (const std::string& estimator : testing::estimators()) {
     SCOPED_TRACE(estimator);
-    rlhf::CriticFreeBatch both = both_ranks();
+    // Both ranks' answers as one batch, padded to the wider rank's answer width.
+    rlhf::CriticFreeBatch both = rlhf::concatenate({testing::rank_answers(0), testing::rank_answers(1)}, 0);
     rlhf::compute_advantages(testing::estimator_config(estimator), testing::source_weights(), both,
                              rlhf::StepContext());
     const torch::Tensor expected = both.advantages.to(torch::kFloat64).reshape({both.exp.rows(), -1});  // [2N, 1 or T]
     bool some_row_differs_from_per_rank = false;
     for (int64_t rank = 0; rank < 2; ++rank) {
       // What this rank would get alone: the statistics of its own answers only.
-      rlhf::CriticFreeBatch alone = testing::rank_answers(rank, testing::rank_answer_width(rank));
+      rlhf::CriticFreeBatch alone = testing::rank_answers(rank);
       rlhf::compute_advantages(testing::estimator_config(estimator), testing::source_weights(), alone,
                                rlhf::StepContext());
       const torch::Tensor own = alone.advantages.to(torch::kFloat64).reshape({alone.exp.rows(), -1});  // [N, 1 or T_r]

@@ -22,7 +22,7 @@ int run(const std::string& out, int64_t timeout_ms) {
   const int64_t rank = context.communicator->rank();
   nlohmann::json result = nlohmann::json::object();
   for (const std::string& estimator : testing::estimators()) {
-    rlhf::CriticFreeBatch batch = testing::rank_answers(rank, testing::rank_answer_width(rank));
+    rlhf::CriticFreeBatch batch = testing::rank_answers(rank);
     rlhf::compute_advantages(testing::estimator_config(estimator), testing::source_weights(), batch, context);
     const torch::Tensor a = batch.advantages.to(torch::kFloat64).reshape({batch.exp.rows(), -1}).contiguous();  // [N, 1 or T]
     nlohmann::json rows = nlohmann::json::array();
