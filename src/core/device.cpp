@@ -97,6 +97,28 @@ std::string describe_device(const torch::Device& device) {
   return device.str();
 }
 
+int64_t device_memory_bytes(const torch::Device& device) {
+#ifdef DSCHAT_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
+    return static_cast<int64_t>(prop.totalGlobalMem);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+std::string device_product_name(const torch::Device& device) {
+#ifdef DSCHAT_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
+    return prop.name;
+  }
+#endif
+  (void)device;
+  return "";
+}
+
 void log_device_choice(const torch::Device& device, const std::string& name) {
   const std::string line = "device: " + describe_device(device) + " [" + name + "]";
   if (first_time_seen(line)) log_info(line);

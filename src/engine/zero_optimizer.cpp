@@ -6,6 +6,7 @@
 #include "core/tensor_util.h"
 #include "dschat/core/error.h"
 #include "dschat/engine/param_groups.h"
+#include "dschat/engine/zero_groups.h"
 #include "dschat/models/backbone.h"
 #include "dschat/models/load_save.h"
 #include "engine/overlap_reducer.h"
@@ -62,13 +63,6 @@ void place_deferred_parameters(const NamedParams& params, const models::Deferred
   }
 }
 
-// Splits members by dtype so every flat group has one element type.
-std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> by_dtype(const NamedParams& params) {
-  std::map<torch::ScalarType, std::vector<FlatParameterGroup::Member>> split;
-  for (const auto& [name, param] : params) split[param.scalar_type()].push_back({name, param});
-  return split;
-}
-
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& context, const ZeroConfig& zero,
@@ -115,56 +109,35 @@ void ZeroOptimizer::build_groups(torch::nn::Module& module, const ZeroConfig& ze
                                  const models::DeferredParameters* deferred) {
   const NamedParams params = unique_parameters(module);
   const std::map<std::string, torch::Tensor>* deferred_values = deferred ? &deferred->values : nullptr;
-  auto add_groups = [&](const std::string& label, const NamedParams& members, bool trainable, bool partitioned) {
-    std::vector<FlatParameterGroup*> added;
-    for (auto& [dtype, group_members] : by_dtype(members)) {
-      groups_.push_back(std::make_unique<FlatParameterGroup>(label + "/" + std::string(c10::toString(dtype)),
-                                                             std::move(group_members), trainable, partitioned,
-                                                             context_, deferred_values));
-      added.push_back(groups_.back().get());
-    }
-    return added;
-  };
-
-  if (context_.stage < 3) {
-    NamedParams trainable;
-    for (const auto& item : params) (item.second.requires_grad() ? trainable : ungrouped_).push_back(item);
-    add_groups("params", trainable, true, false);
-    return;
-  }
-
-  backbone_ = find_backbone(module);
-  const auto layers = backbone_->decoder_layers();
-  std::unordered_map<const c10::TensorImpl*, size_t> layer_of;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    for (const auto& param : layers[i]->parameters()) layer_of[param.unsafeGetTensorImpl()] = i;
-  }
-  std::vector<NamedParams> layer_trainable(layers.size()), layer_frozen(layers.size());
-  NamedParams outer_trainable, outer_frozen, persistent;
-  for (const auto& item : params) {
-    const bool trainable = item.second.requires_grad();
-    if (item.second.numel() <= zero.stage3_param_persistence_threshold) {
-      (trainable ? persistent : ungrouped_).push_back(item);
-      continue;
-    }
-    auto it = layer_of.find(item.second.unsafeGetTensorImpl());
-    if (it == layer_of.end()) {
-      (trainable ? outer_trainable : outer_frozen).push_back(item);
-    } else {
-      (trainable ? layer_trainable : layer_frozen)[it->second].push_back(item);
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  std::unordered_map<const c10::TensorImpl*, int64_t> layer_of;
+  if (context_.stage == 3) {
+    backbone_ = find_backbone(module);
+    layers = backbone_->decoder_layers();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      for (const auto& param : layers[i]->parameters()) layer_of[param.unsafeGetTensorImpl()] = static_cast<int64_t>(i);
     }
   }
-  add_groups("persistent", persistent, true, false);
+  std::vector<ParameterSpec> specs;
+  for (const auto& [name, param] : params) {
+    auto it = layer_of.find(param.unsafeGetTensorImpl());
+    specs.push_back({name, param.numel(), param.scalar_type(), param.requires_grad(),
+                     it == layer_of.end() ? -1 : it->second});
+  }
+  const ZeroGrouping grouping = group_parameters(specs, context_.stage, zero.stage3_param_persistence_threshold);
+  for (size_t index : grouping.ungrouped) ungrouped_.push_back(params[index]);
   std::vector<std::vector<FlatParameterGroup*>> layer_groups(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const std::string label = "layer" + std::to_string(i);
-    for (FlatParameterGroup* group : add_groups(label, layer_trainable[i], true, true)) layer_groups[i].push_back(group);
-    for (FlatParameterGroup* group : add_groups(label + "/frozen", layer_frozen[i], false, true)) {
-      layer_groups[i].push_back(group);
-    }
+  std::vector<FlatParameterGroup*> outer;
+  for (const GroupSpec& spec : grouping.groups) {
+    std::vector<FlatParameterGroup::Member> members;
+    for (size_t index : spec.members) members.push_back({params[index].first, params[index].second});
+    groups_.push_back(std::make_unique<FlatParameterGroup>(spec.label, std::move(members), spec.trainable,
+                                                           spec.partitioned, context_, deferred_values));
+    if (!spec.partitioned) continue;
+    const int64_t layer = specs[spec.members.front()].layer;
+    (layer < 0 ? outer : layer_groups[layer]).push_back(groups_.back().get());
   }
-  std::vector<FlatParameterGroup*> outer = add_groups("outer", outer_trainable, true, true);
-  for (FlatParameterGroup* group : add_groups("outer/frozen", outer_frozen, false, true)) outer.push_back(group);
+  if (context_.stage < 3) return;
   hooks_ = std::make_unique<Zero3LayerHooks>(std::move(layer_groups), std::move(outer),
                                              zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters);
   backbone_->set_layer_parameter_hooks(hooks_.get());

@@ -10,15 +10,21 @@ namespace nn {
 namespace {
 
 thread_local std::optional<torch::TensorOptions> current_parameter_options;
+thread_local bool current_shapes_only = false;
 
 }  // namespace
 
-ParameterPlacementScope::ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype)
-    : previous_(current_parameter_options) {
+ParameterPlacementScope::ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype,
+                                                 bool shapes_only)
+    : previous_(current_parameter_options), previous_shapes_only_(current_shapes_only) {
   current_parameter_options = torch::TensorOptions().device(device).dtype(dtype);
+  current_shapes_only = shapes_only;
 }
 
-ParameterPlacementScope::~ParameterPlacementScope() { current_parameter_options = previous_; }
+ParameterPlacementScope::~ParameterPlacementScope() {
+  current_parameter_options = previous_;
+  current_shapes_only = previous_shapes_only_;
+}
 
 torch::TensorOptions parameter_options() { return current_parameter_options.value_or(torch::TensorOptions()); }
 
@@ -58,9 +64,10 @@ void LinearImpl::enable_lora(const LinearLoraOptions& lora_options) {
   DSCHAT_CHECK(lora_options.lora_dropout() >= 0.0 && lora_options.lora_dropout() < 1.0, InvalidArgument,
                "lora_dropout must be in [0, 1), got ", lora_options.lora_dropout());
   // A deferred (meta) weight gets host adapters: they are small, and the engine that partitions
-  // the deferred model moves them to its device with everything else it keeps.
+  // the deferred model moves them to its device with everything else it keeps. A model built
+  // only to be measured keeps them on meta (ParameterPlacementScope's shapes_only).
   auto like_weight = weight.options().requires_grad(false);
-  if (weight.is_meta()) like_weight = like_weight.device(torch::kCPU);
+  if (weight.is_meta() && !current_shapes_only) like_weight = like_weight.device(torch::kCPU);
   const int64_t r = lora_options.lora_dim();
   lora_right_weight = register_parameter("lora_right_weight", torch::empty({options.in_features(), r}, like_weight));
   lora_left_weight = register_parameter("lora_left_weight", torch::empty({r, options.out_features()}, like_weight));

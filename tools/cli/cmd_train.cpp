@@ -4,9 +4,12 @@
 #include <iostream>
 
 #include "app/demo_report.h"
+#include "app/plan_command.h"
 #include "app/train_command.h"
 #include "commands.h"
 #include "model_flags.h"
+#include "train_flags.h"
+#include "dschat/core/logging.h"
 #include "dschat/core/error.h"
 #include "dschat/rlhf/pipeline.h"
 #include "dschat/rlhf/ppo_trainer.h"
@@ -16,30 +19,6 @@
 namespace dschat {
 namespace cli {
 namespace {
-
-struct TrainFlags {
-  app::TrainArguments args;
-  std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device, resume_from, pipeline;
-  bool no_progress = false;
-  bool dry_run = false;
-  app::TrainArguments resolved() const {
-    app::TrainArguments out = args;
-    auto set = [](std::optional<std::string>& slot, const std::string& value) {
-      if (!value.empty()) slot = value;
-    };
-    set(out.actor, actor);
-    set(out.reward, reward);
-    set(out.deployment, deployment);
-    set(out.config_file, config_file);
-    set(out.output_dir, output_dir);
-    set(out.init, init);
-    set(out.tokenizer, tokenizer);
-    set(out.device, device);
-    set(out.pipeline, pipeline);
-    out.local_rank = app::launcher_local_rank();
-    return out;
-  }
-};
 
 rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
   rlhf::StepContext context;
@@ -57,12 +36,36 @@ bool is_rank0(const rlhf::StepContext& context) {
   return !context.communicator || context.communicator->rank() == 0;
 }
 
+// The memory plan before anything is loaded: a step that will not fit stops the run here, with
+// the plan's table and the changes that make it fit.
+void check_plan(const rlhf::PipelineConfig& config) {
+  app::HardwareFlags hardware;
+  hardware.count_rows = false;  // the fit, not the time: the datasets are read by the steps
+  plan::PipelinePlan plan;
+  try {
+    plan = app::plan_for(config, hardware, app::launcher_local_rank());
+  } catch (const core::NotFound& e) {
+    core::log_message(core::LogLevel::Warn, std::string("memory plan skipped: ") + e.what());
+    return;
+  }
+  if (plan.fits()) return;
+  if (app::launcher_local_rank() <= 0) std::cerr << plan::format_plan(plan) << std::flush;
+  std::string failing;
+  for (const plan::StepPlan& step : plan.steps) {
+    if (!step.fits) failing += (failing.empty() ? "" : "; ") + ("step" + std::to_string(step.step)) + ": " + step.why_not;
+  }
+  throw core::ConfigError("the memory plan says this run will not fit (" + failing +
+                          "); nothing was loaded. The table and the changes that make it fit are above "
+                          "(`dschat plan` prints them again); --skip-plan runs it anyway");
+}
+
 void run_train(const TrainFlags& flags) {
   const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   if (flags.dry_run) {
     std::cout << app::describe_plan(plan, app::launcher_local_rank()) << std::flush;
     return;
   }
+  if (!flags.skip_plan) check_plan(plan.config);
   rlhf::StepContext context = make_context(flags, plan.config);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
   // The table compares SFT with the RL step's model on the task: not for the DPO pipeline.
@@ -77,20 +80,6 @@ void run_train(const TrainFlags& flags) {
     }
   }
   std::cout << app::format_demo_report(app::evaluate_demo(plan.config, result, plan.demo_eval_file)) << std::flush;
-}
-
-void add_common_flags(CLI::App& cmd, TrainFlags& f) {
-  cmd.add_option("--config", f.config_file, "JSON config in the `dschat train` format (docs/config.md)");
-  cmd.add_option("--output-dir", f.output_dir, "Where the models, checkpoints and logs go");
-  cmd.add_option("--init", f.init, "'random': base models with random weights (real shapes, no download)");
-  cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
-  cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
-  cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
-  cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model, then exit without training");
-  cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
-  cmd.add_option("--resume-from", f.resume_from,
-                 "Checkpoint tag (global_step<N>) the first unfinished step resumes from, instead of its newest "
-                 "intact one; later tags are moved aside as <tag>.superseded");
 }
 
 // `dschat sft|rm|ppo|dpo|grpo`: the pipeline with only that step (dpo, grpo: step 2 of their pipelines).
@@ -122,6 +111,22 @@ struct EvalRmFlags {
 };
 
 }  // namespace
+
+void add_common_flags(CLI::App& cmd, TrainFlags& f) {
+  cmd.add_option("--config", f.config_file, "JSON config in the `dschat train` format (docs/config.md)");
+  cmd.add_option("--output-dir", f.output_dir, "Where the models, checkpoints and logs go");
+  cmd.add_option("--init", f.init, "'random': base models with random weights (real shapes, no download)");
+  cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
+  cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
+  cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
+  cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model, then exit without training");
+  cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
+  cmd.add_flag("--skip-plan", f.skip_plan,
+               "Do not stop before loading when `dschat plan` says a step will not fit in memory");
+  cmd.add_option("--resume-from", f.resume_from,
+                 "Checkpoint tag (global_step<N>) the first unfinished step resumes from, instead of its newest "
+                 "intact one; later tags are moved aside as <tag>.superseded");
+}
 
 void add_train_commands(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();

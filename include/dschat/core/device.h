@@ -39,5 +39,10 @@ void log_device_choice(const torch::Device& device, const std::string& name);
 /// "cuda:0 (NVIDIA H200, 143771 MiB)" or "cpu (2 threads)".
 std::string describe_device(const torch::Device& device);
 
+/// Total memory of a CUDA device in bytes, and its name ("NVIDIA H200"); 0 and "" for the CPU or
+/// a build without CUDA.
+int64_t device_memory_bytes(const torch::Device& device);
+std::string device_product_name(const torch::Device& device);
+
 }  // namespace core
 }  // namespace dschat

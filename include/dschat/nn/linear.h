@@ -18,15 +18,20 @@ namespace nn {
 /// this thread. models::load_causal_lm builds a model inside one, so the weights a checkpoint then
 /// overwrites are allocated (and initialised) straight on their device, in their dtype, with no
 /// host copy of the model first (dschat's Embedding and LayerNorm do the same, nn/embedding.h).
+///
+/// `shapes_only` (with the meta device): the model is built only to be measured (dschat plan), so
+/// LoRA adapters of meta weights stay on meta too instead of being made on the host for a
+/// deferred ZeRO-3 model to move later (LinearImpl::enable_lora).
 class ParameterPlacementScope {
  public:
-  ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype);
+  ParameterPlacementScope(const torch::Device& device, torch::ScalarType dtype, bool shapes_only = false);
   ~ParameterPlacementScope();
   ParameterPlacementScope(const ParameterPlacementScope&) = delete;
   ParameterPlacementScope& operator=(const ParameterPlacementScope&) = delete;
 
  private:
   std::optional<torch::TensorOptions> previous_;
+  bool previous_shapes_only_;
 };
 
 /// The options of a new parameter of dschat's layers: the innermost scope's, else CPU float32.

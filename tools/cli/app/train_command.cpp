@@ -135,7 +135,9 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   const std::string where = args.config_file ? *args.config_file : is_demo(args) ? "configs/demo.json" : "preset";
   plan.config = parse_pipeline_config(json, where);
   const nlohmann::json user_file = args.config_file ? core::read_json_file(*args.config_file) : nlohmann::json();
-  run_presets_in_fp32_on_cpu(plan.config, is_demo(args) ? demo_config() : user_file, args.local_rank);
+  if (!args.keep_preset_dtypes) {
+    run_presets_in_fp32_on_cpu(plan.config, is_demo(args) ? demo_config() : user_file, args.local_rank);
+  }
   plan.demo = plan.config.demo_report;
   // "reward_model": "step1" starts the reward model from the SFT output (the demo's choice: a
   // random 2-layer model cannot learn the task's correctness from its few hundred pairs).

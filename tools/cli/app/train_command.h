@@ -27,6 +27,9 @@ struct TrainArguments {
   /// `dschat grpo`: unless the file names a critic-free pipeline, the one of step2_grpo's
   /// advantage_estimator (sft-grpo by default).
   bool critic_free_step = false;
+  /// `dschat plan --gpu ...` from a machine without that GPU: keep the presets' fp16/bf16 even
+  /// where "auto" resolves to the CPU here.
+  bool keep_preset_dtypes = false;
 };
 
 struct TrainPlan {

@@ -1,0 +1,351 @@
+// plan_step / plan_pipeline: which models each step holds and in which phases (docs/plan.md).
+#include "dschat/plan/step_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <sstream>
+
+#include "dschat/core/error.h"
+#include "dschat/io/model_source.h"
+#include "dschat/rlhf/step_setup.h"
+#include "plan/dataset_rows.h"
+#include "plan/step_time.h"
+
+namespace dschat {
+namespace plan {
+namespace {
+
+constexpr double kPlanGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The shape of the first of `names` that resolves (config.json of a directory or cached HF id,
+// else a preset): a step's input that an earlier step writes falls back to what that step starts
+// from.
+core::ModelConfig shape_of(const std::vector<std::string>& names, const std::string& where) {
+  for (const std::string& name : names) {
+    if (name.empty()) continue;
+    try {
+      return core::load_model_config(io::resolve_model_dir(name).string());
+    } catch (const core::NotFound&) {
+    }
+    if (auto preset = core::model_preset(name)) return *preset;
+  }
+  std::string presets, tried;
+  for (const std::string& p : core::model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  for (const std::string& n : names) tried += (tried.empty() ? "'" : ", '") + n + "'";
+  DSCHAT_THROW(NotFound, where, ": no shape for model ", tried,
+               ": not a directory with config.json, not in the Hugging Face cache, and not a preset (", presets, ")");
+}
+
+ModelSetup trained_setup(const std::string& role, const core::ModelConfig& shape, bool value_head,
+                         const rlhf::CommonStepConfig& common, const rlhf::ModelTrainingConfig& model,
+                         const std::string& where) {
+  ModelSetup s;
+  s.role = role;
+  s.config = shape;
+  s.value_head = value_head;
+  s.dtype = rlhf::step_dtype(common.dtype, where);
+  s.trained = true;
+  s.zero_stage = model.zero_stage;
+  s.offload = common.offload;
+  s.lora_dim = model.lora_dim;
+  s.lora_module_name = model.lora_module_name;
+  s.only_optimize_lora = common.only_optimize_lora;
+  s.gradient_checkpointing = model.gradient_checkpointing;
+  if (model.dropout) s.config.dropout = s.config.attention_dropout = s.config.activation_dropout = *model.dropout;
+  return s;
+}
+
+// A frozen model of a step whose trained model is at `trained_stage`: ZeRO-3 (DS-Chat's eval
+// config) when it is 3, else replicated.
+ModelSetup frozen_setup(const std::string& role, const core::ModelConfig& shape, bool value_head,
+                        torch::ScalarType dtype, int trained_stage, bool offload) {
+  ModelSetup s;
+  s.role = role;
+  s.config = shape;
+  s.value_head = value_head;
+  s.dtype = dtype;
+  s.zero_stage = trained_stage == 3 ? 3 : 0;
+  s.offload = offload && s.zero_stage == 3;
+  return s;
+}
+
+struct PlannedModel {
+  ModelSetup setup;
+  std::vector<engine::ParameterSpec> specs;
+};
+
+class StepBuilder {
+ public:
+  StepBuilder(StepPlan& plan, const PlanOptions& options) : plan_(plan), options_(options) {}
+
+  const PlannedModel& add(ModelSetup setup) {
+    PlannedModel m{std::move(setup), {}};
+    m.specs = parameter_specs(m.setup);
+    const core::ModelConfig& c = m.setup.config;
+    plan_.models.push_back({m.setup.role,
+                            std::to_string(c.num_hidden_layers) + " layers, hidden " + std::to_string(c.hidden_size) +
+                                ", vocab " + std::to_string(c.vocab_size),
+                            total_parameters(m.specs), trainable_parameters(m.specs), m.setup.zero_stage});
+    append(resident_state(m.setup, m.specs, world(), 0));
+    if (m.setup.trained && m.setup.offload && !options_.hardware.cpu) {
+      // ZeRO-Offload's step: Adam over the owned fp32 state on the host (~16 bytes read and
+      // written per parameter at ~20 GB/s) and the gradients down, the values up over PCIe.
+      const double owned = static_cast<double>(trainable_parameters(m.specs)) / static_cast<double>(world());
+      const double element = static_cast<double>(c10::elementSize(m.setup.dtype));
+      offload_seconds_ += owned * (32.0 / 20e9 + 2.0 * element / 25e9);
+    }
+    models_.push_back(std::move(m));
+    return models_.back();
+  }
+  void append(const std::vector<MemoryItem>& items) { plan_.items.insert(plan_.items.end(), items.begin(), items.end()); }
+  void add_item(MemoryItem item) { plan_.items.push_back(std::move(item)); }
+  int64_t world() const { return options_.hardware.world_size(); }
+  TimeContext time() const {
+    return {options_.hardware, options_.efficiency ? *options_.efficiency : default_efficiency(options_.hardware.cpu)};
+  }
+
+ private:
+  StepPlan& plan_;
+  const PlanOptions& options_;
+  std::deque<PlannedModel> models_;  // references handed out stay valid
+  double offload_seconds_ = 0;
+
+ public:
+  double offload_seconds_per_step() const { return offload_seconds_; }
+};
+
+// Generation with the hybrid engine (or the plain actor): KV workspace, ZeRO-3's gathered model,
+// the TP shard copy, the LoRA fuse backup.
+void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int64_t max_out_tokens,
+                    bool hybrid_engine, bool release_cache, int64_t tp, bool pin, int64_t tp_group_layers,
+                    const std::string& lora_fuse_backup) {
+  const ModelSetup& s = actor.setup;
+  const int64_t kv = kv_workspace_bytes(s.config, s.dtype, rows * std::max<int64_t>(tp, 1), max_out_tokens);
+  b.add_item({s.role, "KV workspace [L, 2, B, H_kv, max_out_tokens, D]", release_cache ? "generate" : "", kv, 0});
+  const int64_t full = model_bytes(actor.specs);
+  if (s.zero_stage == 3) {
+    if (tp > 1) {
+      b.add_item({s.role, "TP shard copy (1/tp of the model)", "generate", full / tp, 0});
+      b.add_item({s.role, "gathered layer group (tp_gather_partition_size layers)", "generate",
+                  std::min<int64_t>(tp_group_layers, s.config.num_hidden_layers) * layer_bytes(actor.specs), 0});
+    } else if (hybrid_engine && pin) {
+      b.add_item({s.role, "the whole model gathered for generation (pin_parameters)", "generate", full, 0});
+    } else {
+      b.add_item({s.role, "gathered layers during decode", "generate", 2 * layer_bytes(actor.specs), 0});
+    }
+  } else if (tp > 1) {
+    b.add_item({s.role, "TP shard (views at ZeRO 0-2)", "generate", 0, 0});
+  }
+  if (s.lora_dim > 0) {
+    const int64_t backup = lora_wrapped_bytes(actor.specs) / (s.zero_stage == 3 ? std::max<int64_t>(s.config.num_hidden_layers, 1) : 1);
+    const bool host = lora_fuse_backup == "host";
+    b.add_item({s.role, "LoRA fuse backup of the wrapped weights", "generate", host ? 0 : backup, host ? backup : 0});
+  }
+  // Decode logits [rows, V] fp32 and the sampling buffers.
+  b.add_item({s.role, "decode logits [B, V]", "generate", rows * std::max<int64_t>(tp, 1) * s.config.vocab_size * 12, 0});
+}
+
+// The hybrid engine generates tensor-parallel over all ranks or not at all.
+void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
+  if (tp == 1 || tp == world) return;
+  plan.config_problem = "inference_tp_size " + std::to_string(tp) + " is neither 1 nor the world size " +
+                        std::to_string(world) + " (the hybrid engine refuses it)";
+}
+
+void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int step, int64_t rows) {
+  const bool sft = plan.kind == "sft";
+  const rlhf::CommonStepConfig& common = c.common_of(step);
+  const auto& model = sft ? c.step1.model : c.step2.model;
+  const core::ModelConfig shape = sft ? shape_of({c.step1.model_name_or_path}, "step1")
+                                      : shape_of({c.step2.model_name_or_path, c.step1.model_name_or_path}, "step2");
+  const int64_t batch = sft ? c.step1.per_device_train_batch_size : c.step2.per_device_train_batch_size;
+  const int64_t eval_batch = sft ? c.step1.per_device_eval_batch_size : c.step2.per_device_eval_batch_size;
+  const int64_t seq = sft ? c.step1.max_seq_len : c.step2.max_seq_len;
+  const int64_t rows_per_pass = sft ? 1 : 2;  // the reward model scores chosen and rejected together
+  const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", shape, !sft, common, model, plan.block));
+  b.append(training_pass(m.setup, m.specs, {batch * rows_per_pass, seq}, b.world(), common.gradient_accumulation_steps,
+                         "train"));
+  b.append(inference_pass(m.setup, m.specs, {eval_batch * rows_per_pass, seq}, "evaluate"));
+  apply_time(plan, supervised_time(m.setup, {batch * rows_per_pass, seq}, common, rows, batch, 0.0, b.time()));
+}
+
+void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
+  const rlhf::DpoConfig& d = c.step2_dpo;
+  const core::ModelConfig shape = shape_of({d.model_name_or_path, c.step1.model_name_or_path}, "step2_dpo");
+  const PlannedModel& policy = b.add(trained_setup("policy", shape, false, d.common, d.model, "step2_dpo"));
+  const PlannedModel& reference = b.add(frozen_setup("reference", shape, false, policy.setup.dtype,
+                                                     d.model.zero_stage, d.offload_reference_model));
+  const PassShape pass{2 * d.per_device_train_batch_size, d.max_seq_len};
+  b.append(inference_pass(reference.setup, reference.specs, pass, "reference log-probs"));
+  b.append(training_pass(policy.setup, policy.specs, pass, b.world(), d.common.gradient_accumulation_steps, "train"));
+  apply_time(plan, supervised_time(policy.setup, pass, d.common, rows, d.per_device_train_batch_size,
+                                   forward_flops(reference.setup, pass), b.time()));
+}
+
+void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
+  const rlhf::PpoConfig& p = c.step3;
+  const core::ModelConfig actor_shape = shape_of({p.actor_model_name_or_path, c.step1.model_name_or_path}, "step3");
+  const core::ModelConfig critic_shape = shape_of(
+      {p.critic_model_name_or_path, c.step2.model_name_or_path, c.reward_model, c.step1.model_name_or_path}, "step3");
+  const PlannedModel& actor = b.add(trained_setup("actor", actor_shape, false, p.common, p.actor, "step3"));
+  const torch::ScalarType dtype = actor.setup.dtype;
+  const PlannedModel& reference =
+      b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));
+  std::optional<PlannedModel> ema;
+  if (p.enable_ema) {
+    ModelSetup e = frozen_setup("ema", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model);
+    e.lora_dim = p.actor.lora_dim;
+    e.lora_module_name = p.actor.lora_module_name;
+    ema = b.add(e);
+  }
+  const PlannedModel& critic = b.add(trained_setup("critic", critic_shape, true, p.common, p.critic, "step3"));
+  const PlannedModel& reward =
+      b.add(frozen_setup("reward", critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
+  const int64_t rows_per_batch = p.per_device_generation_batch_size;
+  check_tp(plan, p.inference_tp_size, b.world());
+  const int64_t max_out = p.max_prompt_seq_len + p.max_answer_seq_len;
+  add_generation(b, actor, rows_per_batch, max_out, p.enable_hybrid_engine, p.release_inference_cache,
+                 p.inference_tp_size, !p.unpin_actor_parameters, p.tp_gather_partition_size, p.lora_fuse_backup);
+  const PassShape full{rows_per_batch, max_out};
+  b.append(inference_pass(actor.setup, actor.specs, full, "experience: actor"));
+  b.append(inference_pass(reference.setup, reference.specs, full, "experience: reference"));
+  b.append(inference_pass(critic.setup, critic.specs, full, "experience: critic"));
+  b.append(inference_pass(reward.setup, reward.specs, full, "experience: reward"));
+  const PassShape train{p.per_device_training_batch_size, max_out};
+  const int64_t gas = p.common.gradient_accumulation_steps;
+  b.append(training_pass(actor.setup, actor.specs, train, b.world(), gas, "train actor"));
+  b.append(training_pass(critic.setup, critic.specs, train, b.world(), gas, "train critic"));
+  RlShape shape{rows_per_batch, p.max_prompt_seq_len, p.max_answer_seq_len, p.per_device_training_batch_size,
+                p.ppo_epochs, p.inference_tp_size, p.common.num_train_epochs};
+  apply_time(plan, rl_time(actor.setup, actor.specs, {&reference.setup, &critic.setup, &reward.setup},
+                           {&critic.setup}, shape, rows, b.time()));
+}
+
+void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
+  const rlhf::GrpoConfig& g = c.step2_grpo;
+  const core::ModelConfig shape = shape_of({g.actor_model_name_or_path, c.step1.model_name_or_path}, "step2_grpo");
+  const PlannedModel& actor = b.add(trained_setup("actor", shape, false, g.common, g.actor, "step2_grpo"));
+  const torch::ScalarType dtype = actor.setup.dtype;
+  std::vector<const ModelSetup*> scorers;
+  std::deque<ModelSetup> frozen;  // `scorers` points into it
+  if (g.kl_coef != 0.0) {
+    frozen.push_back(b.add(frozen_setup("reference", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)).setup);
+  }
+  if (g.enable_ema) frozen.push_back(b.add(frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, false)).setup);
+  for (const rlhf::RewardSourceConfig& source : g.rewards) {
+    if (source.type != "reward_model") continue;
+    const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards");
+    frozen.push_back(b.add(frozen_setup("reward " + source.name, rm, true, dtype, g.actor.zero_stage, false)).setup);
+  }
+  const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
+  check_tp(plan, g.inference_tp_size, b.world());
+  const int64_t max_out = g.max_prompt_seq_len + g.max_answer_seq_len;
+  add_generation(b, actor, rows_per_batch, max_out, g.enable_hybrid_engine, g.release_inference_cache,
+                 g.inference_tp_size, !g.unpin_actor_parameters, g.tp_gather_partition_size, g.lora_fuse_backup);
+  const PassShape full{g.per_device_training_batch_size, max_out};
+  b.append(inference_pass(actor.setup, actor.specs, full, "experience: actor"));
+  for (const ModelSetup& f : frozen) {
+    if (f.role == "ema") continue;
+    b.append(inference_pass(f, parameter_specs(f), full, "experience: " + f.role));
+    scorers.push_back(&f);
+  }
+  b.append(training_pass(actor.setup, actor.specs, full, b.world(), g.common.gradient_accumulation_steps, "train actor"));
+  RlShape rl{rows_per_batch, g.max_prompt_seq_len, g.max_answer_seq_len, g.per_device_training_batch_size,
+             g.ppo_epochs, g.inference_tp_size, g.common.num_train_epochs};
+  apply_time(plan, rl_time(actor.setup, actor.specs, scorers, {}, rl, rows, b.time(), g.n_samples_per_prompt));
+}
+
+void settle(StepPlan& plan, const PlanOptions& options) {
+  const Hardware& hw = options.hardware;
+  const double reserved = options.reserved_gib >= 0 ? options.reserved_gib : hw.cpu ? 0.6 : 1.0;
+  plan.usable_bytes = static_cast<int64_t>((hw.device.memory_gib * (1.0 - options.margin) - reserved) * kPlanGiB);
+  plan.host_usable_bytes =
+      static_cast<int64_t>(hw.host_memory_gib * (1.0 - options.margin) * kPlanGiB / static_cast<double>(hw.gpus_per_node));
+  std::map<std::string, int64_t> phases;
+  for (const MemoryItem& item : plan.items) {
+    const int64_t device = item.device_bytes + (hw.cpu ? item.host_bytes : 0);
+    if (item.phase.empty()) {
+      plan.resident_bytes += device;
+    } else {
+      phases[item.phase] += device;
+    }
+    plan.host_bytes += item.host_bytes;
+  }
+  int64_t largest = 0;
+  for (const auto& [phase, bytes] : phases) {
+    if (bytes > largest || plan.peak_phase.empty()) {
+      largest = bytes;
+      plan.peak_phase = phase;
+    }
+  }
+  plan.peak_bytes = plan.resident_bytes + largest;
+  std::ostringstream why;
+  why.precision(3);
+  if (plan.peak_bytes > plan.usable_bytes) {
+    why << "peak " << plan.peak_bytes / kPlanGiB << " GiB (in " << plan.peak_phase << ") > " << plan.usable_bytes / kPlanGiB
+        << " GiB usable per " << (hw.cpu ? "process" : "GPU");
+  } else if (!hw.cpu && plan.host_bytes > plan.host_usable_bytes) {
+    why << "offloaded state " << plan.host_bytes / kPlanGiB << " GiB per rank > " << plan.host_usable_bytes / kPlanGiB
+        << " GiB of host memory per rank";
+  }
+  plan.why_not = plan.config_problem.empty() ? why.str() : plan.config_problem;
+  plan.fits = plan.why_not.empty();
+}
+
+}  // namespace
+
+StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptions& options, int64_t rows) {
+  StepPlan plan;
+  plan.step = step;
+  plan.kind = config.kind_of(step);
+  plan.block = plan.kind == "dpo" ? "step2_dpo" : plan.kind == "grpo" ? "step2_grpo" : "step" + std::to_string(step);
+  plan.steps_note = rows < 0 ? "data not counted" : std::to_string(rows) + " rows in the phase";
+  StepBuilder builder(plan, options);
+  if (plan.kind == "sft" || plan.kind == "rm") {
+    plan_supervised(builder, plan, config, step, rows);
+  } else if (plan.kind == "dpo") {
+    plan_dpo(builder, plan, config, rows);
+  } else if (plan.kind == "ppo") {
+    plan_ppo(builder, plan, config, rows);
+  } else {
+    plan_grpo(builder, plan, config, rows);
+  }
+  // Offloaded optimizer steps: one per optimizer step (RL: per generation batch and ppo epoch).
+  const double offload = builder.offload_seconds_per_step();
+  plan.seconds_per_step += offload;
+  if (plan.total_seconds >= 0) plan.total_seconds += offload * static_cast<double>(plan.steps);
+  settle(plan, options);
+  return plan;
+}
+
+PipelinePlan plan_pipeline(const rlhf::PipelineConfig& config, const PlanOptions& options) {
+  PipelinePlan plan;
+  plan.options = options;
+  if (!plan.options.efficiency) plan.options.efficiency = default_efficiency(options.hardware.cpu);
+  for (int step : config.steps) {
+    const int64_t rows = options.dataset_rows >= 0 ? options.dataset_rows
+                         : options.count_rows    ? count_phase_rows(config, step)
+                                                 : -1;
+    plan.steps.push_back(plan_step(config, step, plan.options, rows));
+  }
+  plan.suggestions = suggest_changes(config, plan);
+  return plan;
+}
+
+bool PipelinePlan::fits() const {
+  return std::all_of(steps.begin(), steps.end(), [](const StepPlan& s) { return s.fits; });
+}
+
+double PipelinePlan::total_seconds() const {
+  double total = 0;
+  for (const StepPlan& s : steps) {
+    if (s.total_seconds < 0) return -1;
+    total += s.total_seconds;
+  }
+  return total;
+}
+
+}  // namespace plan
+}  // namespace dschat

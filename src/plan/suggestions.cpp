@@ -1,0 +1,190 @@
+// suggest_changes: for a step that does not fit, the changes DeepSpeed-Chat's users reach for
+// (ZeRO stage, offload, LoRA, gradient checkpointing, a smaller micro-batch with more
+// accumulation, the hybrid engine's TP and cache release), each re-planned.
+#include <algorithm>
+#include <functional>
+
+#include "dschat/plan/step_plan.h"
+
+namespace dschat {
+namespace plan {
+namespace {
+
+struct Change {
+  std::string what;
+  nlohmann::json patch;  // {"<block>": {key: value}}
+  std::function<void(rlhf::PipelineConfig&)> apply;
+};
+
+struct TrainedSlot {
+  std::string prefix;  // "" (steps 1-2, DPO), "actor_", "critic_"
+  std::function<rlhf::ModelTrainingConfig&(rlhf::PipelineConfig&)> model;
+};
+
+std::vector<TrainedSlot> trained_slots(const std::string& kind) {
+  using C = rlhf::PipelineConfig;
+  if (kind == "sft") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step1.model; }}};
+  if (kind == "rm") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2.model; }}};
+  if (kind == "dpo") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_dpo.model; }}};
+  if (kind == "grpo") return {{"actor_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_grpo.actor; }}};
+  return {{"actor_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step3.actor; }},
+          {"critic_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step3.critic; }}};
+}
+
+// The micro-batch key of a step and a reference to it.
+int64_t& micro_batch_of(rlhf::PipelineConfig& c, const std::string& kind) {
+  if (kind == "sft") return c.step1.per_device_train_batch_size;
+  if (kind == "rm") return c.step2.per_device_train_batch_size;
+  if (kind == "dpo") return c.step2_dpo.per_device_train_batch_size;
+  if (kind == "grpo") return c.step2_grpo.per_device_training_batch_size;
+  return c.step3.per_device_training_batch_size;
+}
+
+std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const StepPlan& step, int64_t world) {
+  std::vector<Change> changes;
+  const std::string& block = step.block;
+  const std::string& kind = step.kind;
+  const int n = step.step;
+  rlhf::PipelineConfig probe = config;
+  for (const TrainedSlot& slot : trained_slots(kind)) {
+    const rlhf::ModelTrainingConfig& m = slot.model(probe);
+    for (int stage = m.zero_stage + 1; stage <= 3; ++stage) {
+      changes.push_back({block + ": " + slot.prefix + "zero_stage " + std::to_string(m.zero_stage) + " -> " +
+                             std::to_string(stage),
+                         {{block, {{slot.prefix + "zero_stage", stage}}}},
+                         [slot, stage](rlhf::PipelineConfig& c) { slot.model(c).zero_stage = stage; }});
+    }
+    if (!m.gradient_checkpointing) {
+      changes.push_back({block + ": " + slot.prefix + "gradient_checkpointing on",
+                         {{block, {{slot.prefix + "gradient_checkpointing", true}}}},
+                         [slot](rlhf::PipelineConfig& c) { slot.model(c).gradient_checkpointing = true; }});
+    }
+    if (m.lora_dim == 0 || !config.common_of(n).only_optimize_lora) {
+      const int64_t dim = m.lora_dim > 0 ? m.lora_dim : 128;
+      changes.push_back({block + ": " + slot.prefix + "lora_dim " + std::to_string(dim) + " + only_optimize_lora",
+                         {{block, {{slot.prefix + "lora_dim", dim}, {"only_optimize_lora", true}}}},
+                         [slot, dim, n](rlhf::PipelineConfig& c) {
+                           slot.model(c).lora_dim = dim;
+                           c.common_of(n).only_optimize_lora = true;
+                         }});
+    }
+  }
+  if (!config.common_of(n).offload) {
+    changes.push_back({block + ": offload on (ZeRO-Offload: optimizer state on the host)",
+                       {{block, {{"offload", true}}}},
+                       [n](rlhf::PipelineConfig& c) { c.common_of(n).offload = true; }});
+  }
+  const std::string micro_key =
+      kind == "ppo" || kind == "grpo" ? "per_device_training_batch_size" : "per_device_train_batch_size";
+  const int64_t micro = micro_batch_of(probe, kind);
+  const int64_t gas = config.common_of(n).gradient_accumulation_steps;
+  for (int64_t divisor = 2; micro / divisor >= 1; divisor *= 2) {
+    if (micro % divisor != 0) break;
+    changes.push_back({block + ": " + micro_key + " " + std::to_string(micro) + " -> " + std::to_string(micro / divisor) +
+                           ", gradient_accumulation_steps " + std::to_string(gas) + " -> " +
+                           std::to_string(gas * divisor),
+                       {{block, {{micro_key, micro / divisor}, {"gradient_accumulation_steps", gas * divisor}}}},
+                       [kind, n, micro, gas, divisor](rlhf::PipelineConfig& c) {
+                         micro_batch_of(c, kind) = micro / divisor;
+                         c.common_of(n).gradient_accumulation_steps = gas * divisor;
+                       }});
+  }
+  if (kind == "ppo" || kind == "grpo") {
+    const bool ppo = kind == "ppo";
+    const bool released = ppo ? config.step3.release_inference_cache : config.step2_grpo.release_inference_cache;
+    if (!released) {
+      changes.push_back({block + ": release_inference_cache on", {{block, {{"release_inference_cache", true}}}},
+                         [ppo](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.release_inference_cache : c.step2_grpo.release_inference_cache) = true;
+                         }});
+    }
+    const int actor_stage = ppo ? config.step3.actor.zero_stage : config.step2_grpo.actor.zero_stage;
+    const int64_t tp = ppo ? config.step3.inference_tp_size : config.step2_grpo.inference_tp_size;
+    if (tp != 1) {
+      changes.push_back({block + ": inference_tp_size " + std::to_string(tp) + " -> 1",
+                         {{block, {{"inference_tp_size", 1}}}}, [ppo](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = 1;
+                         }});
+    }
+    if (world > 1 && actor_stage == 3 && tp != world) {
+      changes.push_back({block + ": inference_tp_size " + std::to_string(world), {{block, {{"inference_tp_size", world}}}},
+                         [ppo, world](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = world;
+                         }});
+    }
+    if (actor_stage == 3) {
+      changes.push_back({block + ": offload_reference_model on", {{block, {{"offload_reference_model", true}}}},
+                         [ppo](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.offload_reference_model : c.step2_grpo.offload_reference_model) = true;
+                         }});
+    }
+    if (ppo && config.step3.critic.zero_stage == 3) {
+      changes.push_back({block + ": offload_reward_model on", {{block, {{"offload_reward_model", true}}}},
+                         [](rlhf::PipelineConfig& c) { c.step3.offload_reward_model = true; }});
+    }
+  }
+  return changes;
+}
+
+Suggestion evaluate(const rlhf::PipelineConfig& changed, const StepPlan& step, const PlanOptions& options,
+                    const std::string& what, const nlohmann::json& patch) {
+  const StepPlan planned = plan_step(changed, step.step, options, -1);
+  return {what, patch, planned.peak_bytes, planned.seconds_per_step, planned.fits};
+}
+
+}  // namespace
+
+std::vector<Suggestion> suggest_changes(const rlhf::PipelineConfig& config, const PipelinePlan& plan) {
+  std::vector<Suggestion> out;
+  const int64_t world = plan.options.hardware.world_size();
+  for (const StepPlan& step : plan.steps) {
+    if (step.fits) continue;
+    const std::vector<Change> changes = candidate_changes(config, step, world);
+    std::vector<Suggestion> fitting;
+    for (const Change& change : changes) {
+      rlhf::PipelineConfig changed = config;
+      change.apply(changed);
+      Suggestion s = evaluate(changed, step, plan.options, change.what, change.patch);
+      if (s.fits) fitting.push_back(std::move(s));
+    }
+    if (fitting.empty()) {
+      // No single change is enough: add, one at a time, the change that lowers the peak most.
+      rlhf::PipelineConfig combined = config;
+      std::string what;
+      nlohmann::json patch = nlohmann::json::object();
+      std::vector<bool> used(changes.size(), false);
+      for (size_t round = 0; round < changes.size(); ++round) {
+        int best = -1;
+        int64_t best_peak = INT64_MAX;
+        for (size_t i = 0; i < changes.size(); ++i) {
+          if (used[i]) continue;
+          rlhf::PipelineConfig trial = combined;
+          changes[i].apply(trial);
+          const int64_t peak = plan_step(trial, step.step, plan.options, -1).peak_bytes;
+          if (peak < best_peak) {
+            best_peak = peak;
+            best = static_cast<int>(i);
+          }
+        }
+        if (best < 0) break;
+        used[best] = true;
+        changes[best].apply(combined);
+        what += (what.empty() ? "" : " + ") + changes[best].what;
+        patch.merge_patch(changes[best].patch);
+        Suggestion s = evaluate(combined, step, plan.options, what, patch);
+        if (s.fits) {
+          fitting.push_back(std::move(s));
+          break;
+        }
+      }
+    }
+    std::stable_sort(fitting.begin(), fitting.end(),
+                     [](const Suggestion& a, const Suggestion& b) { return a.seconds_per_step < b.seconds_per_step; });
+    if (fitting.size() > 6) fitting.resize(6);
+    out.insert(out.end(), fitting.begin(), fitting.end());
+  }
+  return out;
+}
+
+}  // namespace plan
+}  // namespace dschat

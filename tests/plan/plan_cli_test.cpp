@@ -1,0 +1,85 @@
+// `dschat plan` and the plan `dschat train` runs first, through the CLI: the demo's plan as
+// JSON, a plan that does not fit with its suggestions, clear errors for bad input, and `dschat
+// train` stopping before it loads anything when a step cannot fit.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+std::string cli() { return DSCHAT_CLI_PATH; }
+
+TEST(PlanCli, DemoPlanAsJsonFitsWithCountedData) {
+  testing::TempDir dir;
+  std::string output;
+  ASSERT_EQ(testing::run_command("cd " + dir.path().string() + " && " + cli() + " plan --json 2>/dev/null", &output), 0)
+      << output;
+  const nlohmann::json plan = nlohmann::json::parse(output);
+  EXPECT_TRUE(plan["fits"].get<bool>());
+  EXPECT_TRUE(plan["hardware"]["cpu"].get<bool>());
+  ASSERT_EQ(plan["steps"].size(), 3u);
+  const std::vector<std::string> kinds = {"sft", "rm", "ppo"};
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& step = plan["steps"][i];
+    EXPECT_EQ(step["kind"], kinds[i]);
+    EXPECT_GT(step["peak_bytes"].get<int64_t>(), step["resident_bytes"].get<int64_t>());
+    EXPECT_GT(step["steps"].get<int64_t>(), 0) << step["steps_note"];  // the bundled data was counted
+    EXPECT_GT(step["total_seconds"].get<double>(), 0);
+  }
+  // Step 3 holds the five models of DS-Chat's step 3 (the demo enables the EMA).
+  EXPECT_EQ(plan["steps"][2]["models"].size(), 5u);
+}
+
+TEST(PlanCli, ThirteenBillionOnOneA100With40GiBDoesNotFitAndSaysWhatWould) {
+  std::string output;
+  const int rc = testing::run_command(cli() + " plan --actor opt-13b --reward opt-350m --deployment single_node "
+                                      "--gpu a100-40g --gpus 1 --host-memory 512 --dataset-rows 1000",
+                                      &output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("DOES NOT FIT"), std::string::npos) << output;
+  EXPECT_NE(output.find("changes that make it fit"), std::string::npos) << output;
+  EXPECT_NE(output.find("offload"), std::string::npos) << output;
+}
+
+TEST(PlanCli, BadInputNamesTheFlagOrFile) {
+  testing::TempDir dir;
+  const std::string bad = (dir / "bad.json").string();
+  std::ofstream(bad) << "{ \"step1\": ";
+  const std::pair<std::string, std::string> cases[] = {
+      {" plan --gpu h300", "unknown accelerator 'h300'"},
+      {" plan --gpu h200 --gpu-memory -5", "--gpu-memory must not be negative"},
+      {" plan --gpu h200 --gpus -2", "--gpus"},
+      {" plan --gpu h200 --margin 1.5", "--margin"},
+      {" plan --config " + bad, bad},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::string output;
+    EXPECT_NE(testing::run_command(cli() + args, &output), 0) << args;
+    EXPECT_NE(output.find(expected), std::string::npos) << args << "\n" << output;
+  }
+}
+
+TEST(PlanCli, TrainStopsBeforeLoadingWhenAStepCannotFit) {
+  testing::TempDir dir;
+  const std::string out = (dir / "out").string();
+  std::string output;
+  const auto start = std::chrono::steady_clock::now();
+  // OPT-66B on this machine's CPU: terabytes of optimizer state.
+  const int rc = testing::run_command(cli() + " train --actor opt-66b --reward opt-350m --deployment multi_node "
+                                      "--init random --device cpu --no-progress --output-dir " + out,
+                                      &output);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(rc, 1) << output;
+  EXPECT_NE(output.find("will not fit"), std::string::npos) << output;
+  EXPECT_NE(output.find("nothing was loaded"), std::string::npos) << output;
+  EXPECT_NE(output.find("DOES NOT FIT"), std::string::npos) << output;  // the table came first
+  EXPECT_FALSE(std::filesystem::exists(out)) << "the run wrote " << out;
+  EXPECT_LT(seconds, 60.0) << "the refusal must come before any model is built";
+}
+
+}  // namespace
+}  // namespace dschat

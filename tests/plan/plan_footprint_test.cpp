@@ -1,0 +1,102 @@
+// The planner's ZeRO accounting against the engine it predicts: for the demo model at ZeRO 0-3,
+// plain and with LoRA, the bytes engine::footprint_at_step computes from the model built on the
+// meta device (plan::parameter_specs) equal TrainingEngine::memory_footprint() at the second
+// optimizer step of a one-process run. The 2- and 4-rank cases are in
+// plan_measure_multiproc_test.cpp.
+#include <gtest/gtest.h>
+
+#include "dschat/engine/zero_groups.h"
+#include "dschat/plan/model_memory.h"
+#include "dschat/rlhf/sft_loss.h"
+#include "dschat/rlhf/step_setup.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+struct FootprintCase {
+  int stage;
+  int64_t lora_dim;
+};
+
+class PlanFootprint : public ::testing::TestWithParam<FootprintCase> {};
+
+TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
+  const FootprintCase c = GetParam();
+  const std::string model_dir = (testing::source_dir() / "assets" / "demo-opt").string();
+  rlhf::StepContext context;
+  context.random_init = true;
+  rlhf::CommonStepConfig common;
+  common.device = "cpu";
+  common.dtype = "fp32";
+  common.gradient_accumulation_steps = 2;
+  common.only_optimize_lora = c.lora_dim > 0;
+  rlhf::ModelTrainingConfig training;
+  training.zero_stage = c.stage;
+  training.lora_dim = c.lora_dim;
+  models::LoadOptions load = rlhf::step_load_options(common, training, context, torch::kCPU, "test");
+  auto deferred = rlhf::defer_load_at_stage3(load, c.stage);
+  models::CausalLM model = models::load_causal_lm(model_dir, load);
+  rlhf::apply_lora(*model, training, common.only_optimize_lora);
+  model->train();
+  auto engine = rlhf::make_training_engine(model.ptr(), common, training, 2, 2, context, "test", std::move(deferred));
+  engine::MemoryFootprint measured;
+  for (int micro = 0; micro < 4; ++micro) {
+    const torch::Tensor ids = torch::randint(model->config().vocab_size, {2, 8}, torch::kLong);  // [B, T]
+    engine->backward(rlhf::causal_lm_loss(model->forward(ids, torch::ones_like(ids)), ids));
+    if (micro == 3) measured = engine->memory_footprint();
+    engine->step();
+  }
+
+  plan::ModelSetup setup;
+  setup.config = model->config();
+  setup.dtype = torch::kFloat32;
+  setup.trained = true;
+  setup.zero_stage = c.stage;
+  setup.lora_dim = c.lora_dim;
+  setup.only_optimize_lora = c.lora_dim > 0;
+  const std::vector<engine::ParameterSpec> specs = plan::parameter_specs(setup);
+  const engine::MemoryFootprint planned =
+      engine::footprint_at_step(specs, engine::group_parameters(specs, c.stage, setup.persistence_threshold), {c.stage, 1, 0});
+  EXPECT_EQ(planned.parameter_bytes, measured.parameter_bytes);
+  EXPECT_EQ(planned.gradient_bytes, measured.gradient_bytes);
+  EXPECT_EQ(planned.optimizer_bytes, measured.optimizer_bytes);
+  // The LoRA case really freezes the base: far fewer trainable parameters than parameters.
+  if (c.lora_dim > 0) EXPECT_LT(plan::trainable_parameters(specs) * 10, plan::total_parameters(specs));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, PlanFootprint,
+                         ::testing::Values(FootprintCase{0, 0}, FootprintCase{1, 0}, FootprintCase{2, 0},
+                                           FootprintCase{3, 0}, FootprintCase{0, 8}, FootprintCase{3, 8}),
+                         [](const auto& info) {
+                           return "Stage" + std::to_string(info.param.stage) +
+                                  (info.param.lora_dim > 0 ? "Lora" : "Full");
+                         });
+
+TEST(PlanFootprint, GroupingMatchesTheEnginesRules) {
+  // Two layers of two parameters, a small persistent one, an embedding outside the layers.
+  std::vector<engine::ParameterSpec> specs = {{"embed", 1000, torch::kFloat32, true, -1},
+                                              {"l0.w", 400, torch::kFloat32, true, 0},
+                                              {"l0.frozen", 400, torch::kFloat32, false, 0},
+                                              {"l1.w", 400, torch::kFloat32, true, 1},
+                                              {"l1.bias", 10, torch::kFloat32, true, 1},
+                                              {"frozen.small", 10, torch::kFloat32, false, -1}};
+  const engine::ZeroGrouping stage2 = engine::group_parameters(specs, 2, 100);
+  ASSERT_EQ(stage2.groups.size(), 1u);
+  EXPECT_EQ(stage2.groups[0].members, (std::vector<size_t>{0, 1, 3, 4}));
+  EXPECT_EQ(stage2.ungrouped, (std::vector<size_t>{2, 5}));
+  const engine::ZeroGrouping stage3 = engine::group_parameters(specs, 3, 100);
+  std::vector<std::string> labels;
+  for (const auto& g : stage3.groups) labels.push_back(g.label);
+  EXPECT_EQ(labels, (std::vector<std::string>{"persistent/Float", "layer0/Float", "layer0/frozen/Float",
+                                              "layer1/Float", "outer/Float"}));
+  EXPECT_EQ(stage3.ungrouped, (std::vector<size_t>{5}));
+  // 3 ranks: the layer groups pad 400 to 402; rank 2 owns 134 of which 132 are real.
+  const engine::MemoryFootprint rank2 = engine::footprint_at_step(specs, stage3, {3, 3, 2});
+  const engine::MemoryFootprint rank0 = engine::footprint_at_step(specs, stage3, {3, 3, 0});
+  EXPECT_LT(rank2.optimizer_bytes, rank0.optimizer_bytes);
+  EXPECT_EQ(rank0.parameter_bytes - rank2.parameter_bytes, 0);  // partitions are padded alike
+}
+
+}  // namespace
+}  // namespace dschat

@@ -1,0 +1,104 @@
+// `dschat plan` against DeepSpeed-Chat's published limits (deepspeed-chat-app.md §8 and the
+// DeepSpeed-Chat blog's Table 3, "max model size supported by DeepSpeed-HE on a single GPU"):
+// the largest OPT actor each documented GPU setting trains in step 3 (with the OPT-350m critic)
+// fits in the plan, and the next size up does not, at the same settings. The settings are the
+// memory-frugal ones DeepSpeed-Chat documents (docs/plan.md, "Published limits"): batch 1, prompt
+// 256 + answer 256, fp16, the hybrid engine, actor LoRA 128 with only_optimize_lora, gradient
+// checkpointing; one GPU: ZeRO 0; several: ZeRO 3 with layer-by-layer gathers for generation.
+#include <gtest/gtest.h>
+
+#include "dschat/core/error.h"
+#include "dschat/plan/step_plan.h"
+
+namespace dschat {
+namespace {
+
+rlhf::PipelineConfig step3_setting(const std::string& actor, int64_t world) {
+  rlhf::PipelineConfig c = rlhf::parse_pipeline_config(nlohmann::json::object(), "test");
+  c.steps = {3};
+  c.step1.model_name_or_path = actor;
+  c.step3.actor_model_name_or_path = actor;
+  c.step3.critic_model_name_or_path = "opt-350m";
+  rlhf::PpoConfig& p = c.step3;
+  p.common.dtype = "fp16";
+  p.per_device_generation_batch_size = p.per_device_training_batch_size = 1;
+  p.max_prompt_seq_len = p.max_answer_seq_len = 256;
+  p.enable_hybrid_engine = true;
+  p.actor.lora_dim = 128;
+  p.common.only_optimize_lora = true;
+  p.actor.gradient_checkpointing = p.critic.gradient_checkpointing = true;
+  p.actor.dropout = 0.0;
+  const int stage = world > 1 ? 3 : 0;
+  p.actor.zero_stage = p.critic.zero_stage = stage;
+  p.unpin_actor_parameters = world > 1;
+  return c;
+}
+
+struct Limit {
+  const char* gpu;
+  int gpus_per_node;
+  int nodes;
+  const char* largest;
+  const char* next;  // "" : none larger in the table
+};
+
+class PlanPublishedLimits : public ::testing::TestWithParam<Limit> {};
+
+TEST_P(PlanPublishedLimits, LargestFitsAndNextSizeDoesNot) {
+  const Limit limit = GetParam();
+  plan::PlanOptions options;
+  options.hardware = plan::hardware_for(limit.gpu, limit.gpus_per_node, limit.nodes, /*host_memory_gib=*/1024);
+  options.count_rows = false;
+  const int64_t world = options.hardware.world_size();
+  const plan::StepPlan largest = plan::plan_step(step3_setting(limit.largest, world), 3, options, -1);
+  EXPECT_TRUE(largest.fits) << limit.largest << " on " << world << " x " << limit.gpu << ": " << largest.why_not;
+  if (std::string(limit.next).empty()) return;
+  const plan::StepPlan next = plan::plan_step(step3_setting(limit.next, world), 3, options, -1);
+  EXPECT_FALSE(next.fits) << limit.next << " on " << world << " x " << limit.gpu << " should not fit: peak "
+                          << next.peak_bytes / 1073741824.0 << " GiB of " << next.usable_bytes / 1073741824.0;
+}
+
+INSTANTIATE_TEST_SUITE_P(DeepSpeedChat, PlanPublishedLimits,
+                         ::testing::Values(Limit{"v100-32g", 1, 1, "opt-2.7b", "opt-6.7b"},
+                                           Limit{"a6000", 1, 1, "opt-6.7b", "opt-13b"},
+                                           Limit{"a100-40g", 1, 1, "opt-6.7b", "opt-13b"},
+                                           Limit{"a100-80g", 1, 1, "opt-13b", "opt-30b"},
+                                           Limit{"a100-40g", 8, 1, "opt-30b", "opt-66b"},
+                                           Limit{"a100-80g", 8, 1, "opt-66b", "opt-175b"},
+                                           Limit{"a100-80g", 8, 8, "opt-175b", ""}),
+                         [](const auto& info) {
+                           std::string name = std::to_string(info.param.gpus_per_node * info.param.nodes) + "x" +
+                                              info.param.gpu;
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
+
+TEST(PlanHardware, UnknownGpuAndBadSizesAreClearErrors) {
+  try {
+    plan::find_accelerator("h300");
+    FAIL() << "no error";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown accelerator 'h300'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("h200"), std::string::npos) << e.what();  // lists the table
+  }
+  EXPECT_EQ(plan::find_accelerator("H200").name, "h200");
+  EXPECT_THROW(plan::hardware_for("h200", 0, 1), core::InvalidArgument);
+  EXPECT_THROW(plan::hardware_for("h200", 1, 0), core::InvalidArgument);
+  EXPECT_THROW(plan::hardware_for("h200", 1, 1, -4), core::InvalidArgument);
+}
+
+TEST(PlanHardware, TensorParallelNotMatchingTheWorldIsReported) {
+  rlhf::PipelineConfig c = step3_setting("opt-1.3b", 2);
+  c.step3.inference_tp_size = 4;
+  plan::PlanOptions options;
+  options.hardware = plan::hardware_for("h200", 2, 1, 1024);
+  options.count_rows = false;
+  const plan::StepPlan step = plan::plan_step(c, 3, options, -1);
+  EXPECT_FALSE(step.fits);
+  EXPECT_NE(step.why_not.find("inference_tp_size 4"), std::string::npos) << step.why_not;
+}
+
+}  // namespace
+}  // namespace dschat

@@ -1,0 +1,67 @@
+#include "app/plan_command.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "app/train_command.h"
+#include "dschat/core/device.h"
+#include "dschat/core/error.h"
+#include "dschat/dist/launch_env.h"
+
+namespace dschat {
+namespace app {
+namespace {
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+// The table entry whose name the product name contains ("NVIDIA H200" -> h200), for its peak and
+// bandwidth; memory is the device's own.
+plan::Accelerator accelerator_of_device(const torch::Device& device) {
+  const std::string product = lower(core::device_product_name(device));
+  plan::Accelerator match = plan::find_accelerator("h100-80g");
+  match.description = "assumed H100-class peak and bandwidth";
+  for (const plan::Accelerator& a : plan::accelerator_table()) {
+    const std::string family = a.name.substr(0, a.name.find('-'));
+    if (!family.empty() && product.find(family) != std::string::npos) match = a;
+  }
+  match.name = product.empty() ? device.str() : product;
+  match.memory_gib = static_cast<double>(core::device_memory_bytes(device)) / (1024.0 * 1024.0 * 1024.0);
+  return match;
+}
+
+}  // namespace
+
+plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineConfig& config, int64_t local_rank) {
+  DSCHAT_CHECK(flags.gpu_memory >= 0, InvalidArgument, "--gpu-memory must not be negative, got ", flags.gpu_memory);
+  DSCHAT_CHECK(flags.gpus >= 0, InvalidArgument, "--gpus must be at least 1, got ", flags.gpus);
+  DSCHAT_CHECK(flags.margin >= 0 && flags.margin < 1, InvalidArgument, "--margin must be in [0, 1), got ", flags.margin);
+  const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
+  const int64_t ranks = flags.gpus > 0 ? flags.gpus : std::max<int64_t>(env.world_size / std::max<int64_t>(flags.nodes, 1), 1);
+  if (flags.names_gpu()) {
+    plan::Hardware hw = plan::hardware_for(flags.gpu.empty() ? "a100-80g" : flags.gpu, ranks, flags.nodes, flags.host_memory);
+    if (flags.gpu.empty()) hw.device = {"custom", 0, hw.device.peak_tflops, hw.device.bandwidth_gbs,
+                                        "--gpu-memory with A100-80G peak and bandwidth assumed"};
+    if (flags.gpu_memory > 0) hw.device.memory_gib = flags.gpu_memory;
+    return hw;
+  }
+  const torch::Device device = pipeline_device(config, local_rank);
+  if (device.is_cpu()) return plan::cpu_hardware(ranks * flags.nodes, flags.host_memory);
+  plan::Hardware hw = plan::hardware_for("h100-80g", ranks, flags.nodes, flags.host_memory);
+  hw.device = accelerator_of_device(device);
+  return hw;
+}
+
+plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFlags& flags, int64_t local_rank) {
+  plan::PlanOptions options;
+  options.hardware = choose_hardware(flags, config, local_rank);
+  options.margin = flags.margin;
+  options.dataset_rows = flags.dataset_rows;
+  options.count_rows = flags.count_rows;
+  return plan::plan_pipeline(config, options);
+}
+
+}  // namespace app
+}  // namespace dschat
