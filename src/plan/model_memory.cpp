@@ -201,7 +201,17 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
   } else {
     in_flight = std::min(trainable * s, std::max(layer_bytes(specs), outer_bytes(specs)));
   }
-  if (setup.zero_stage == 2 && world > 1) in_flight += trainable * 4;
+  if (setup.zero_stage == 2 && world > 1) {
+    // The whole fp32 flat buffer, every bucket's reduced part until the boundary (1/world of it),
+    // and on gloo the receive buffer of the bucket in flight (DS-Chat's 5e8-element buckets).
+    in_flight += trainable * 4 + trainable * 4 / world;
+    if (setup.cpu_collectives) in_flight += std::min<int64_t>(trainable, 500000000) * 4;
+  }
+  if (setup.zero_stage == 3 && trainable > 0) {
+    // Each group is reduced as its backward ends: its fp32 flat gradient buffer next to its
+    // model-dtype gradients (or, on gloo, the receive buffer of its reduce-scatter).
+    in_flight += std::max(layer_bytes(specs), outer_bytes(specs)) * 4 / s;
+  }
   items.push_back({m, "gradients in flight", phase, in_flight, 0});
   if (setup.zero_stage == 3) {
     items.push_back({m, "gathered layers (current + prefetched) and embeddings", phase,

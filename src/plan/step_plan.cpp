@@ -82,6 +82,7 @@ class StepBuilder {
 
   const PlannedModel& add(ModelSetup setup) {
     PlannedModel m{std::move(setup), {}};
+    m.setup.cpu_collectives = options_.hardware.cpu;
     m.specs = parameter_specs(m.setup);
     const core::ModelConfig& c = m.setup.config;
     plan_.models.push_back({m.setup.role,
@@ -141,7 +142,9 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   if (s.lora_dim > 0) {
     const int64_t backup = lora_wrapped_bytes(actor.specs) / (s.zero_stage == 3 ? std::max<int64_t>(s.config.num_hidden_layers, 1) : 1);
     const bool host = lora_fuse_backup == "host";
-    b.add_item({s.role, "LoRA fuse backup of the wrapped weights", "generate", host ? 0 : backup, host ? backup : 0});
+    MemoryItem item{s.role, "LoRA fuse backup of the wrapped weights", "generate", host ? 0 : backup, host ? backup : 0};
+    item.host_when_short = lora_fuse_backup == "auto" && s.zero_stage != 3;
+    b.add_item(item);
   }
   // Decode logits [rows, V] fp32 and the sampling buffers.
   b.add_item({s.role, "decode logits [B, V]", "generate", rows * std::max<int64_t>(tp, 1) * s.config.vocab_size * 12, 0});
@@ -257,12 +260,28 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   apply_time(plan, rl_time(actor.setup, actor.specs, scorers, {}, rl, rows, b.time(), g.n_samples_per_prompt));
 }
 
+// lora_fuse_backup "auto" keeps the backups on the device only when the memory still free as
+// generation starts (everything resident, nothing of the phase yet) holds them twice over.
+void place_auto_backups(std::vector<MemoryItem>& items, int64_t device_total_bytes) {
+  int64_t resident = 0;
+  for (const MemoryItem& item : items) {
+    if (item.phase.empty()) resident += item.device_bytes;
+  }
+  for (MemoryItem& item : items) {
+    if (!item.host_when_short || device_total_bytes - resident >= 2 * item.device_bytes) continue;
+    item.host_bytes += item.device_bytes;
+    item.device_bytes = 0;
+    item.what += " (auto: on the host)";
+  }
+}
+
 void settle(StepPlan& plan, const PlanOptions& options) {
   const Hardware& hw = options.hardware;
   const double reserved = options.reserved_gib >= 0 ? options.reserved_gib : hw.cpu ? 0.6 : 1.0;
   plan.usable_bytes = static_cast<int64_t>((hw.device.memory_gib * (1.0 - options.margin) - reserved) * kPlanGiB);
   plan.host_usable_bytes =
       static_cast<int64_t>(hw.host_memory_gib * (1.0 - options.margin) * kPlanGiB / static_cast<double>(hw.gpus_per_node));
+  if (!hw.cpu) place_auto_backups(plan.items, static_cast<int64_t>(hw.device.memory_gib * kPlanGiB));
   std::map<std::string, int64_t> phases;
   for (const MemoryItem& item : plan.items) {
     const int64_t device = item.device_bytes + (hw.cpu ? item.host_bytes : 0);

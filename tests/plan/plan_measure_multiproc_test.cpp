@@ -8,6 +8,7 @@
 //     before the model existed).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "rank_jobs.h"
@@ -44,6 +45,7 @@ TEST_P(PlanMeasureMultiproc, PlannedBytesAndPeakMatchTheEngine) {
   if (c.offload) spec.argv.push_back("--offload");
   if (c.checkpointing) spec.argv.push_back("--checkpointing");
   spec.world_size = c.ranks;
+  spec.deadline = std::chrono::seconds(240);  // 4 ranks of opt-125m at ZeRO 3 share 2 cores
   const testing::JobOutcome job = testing::run_rank_job(spec);
   ASSERT_FALSE(job.deadline_hit) << job.describe();
   for (int r = 0; r < c.ranks; ++r) {
@@ -58,6 +60,9 @@ TEST_P(PlanMeasureMultiproc, PlannedBytesAndPeakMatchTheEngine) {
     }
     const double planned_peak = planned["peak"].get<double>();
     const double measured_peak = measured["peak"].get<double>();
+    // The numbers docs/plan.md's "Measured against planned" table quotes.
+    std::printf("%s rank %d: planned peak %.1f MiB, measured %.1f MiB (%+.1f%%)\n", c.name, r, planned_peak / 1048576,
+                measured_peak / 1048576, 100.0 * (planned_peak - measured_peak) / measured_peak);
     EXPECT_NEAR(planned_peak, measured_peak, 0.15 * measured_peak)
         << "planned " << planned_peak / 1048576 << " MiB, measured " << measured_peak / 1048576 << " MiB\n"
         << report.dump(1);
@@ -77,7 +82,7 @@ INSTANTIATE_TEST_SUITE_P(
                       MeasureCase{"Opt125mZero2OffloadTwoRanks", "opt-125m", 2, 2, true, 0, false, 2, 64},
                       MeasureCase{"Opt125mZero1LoraFourRanks", "opt-125m", 4, 1, false, 16, false, 2, 64},
                       MeasureCase{"Opt125mZero3CheckpointingFourRanks", "opt-125m", 4, 3, false, 0, true, 2, 64},
-                      MeasureCase{"Opt350mZero3FourRanks", "opt-350m", 4, 3, false, 0, false, 1, 64}),
+                      MeasureCase{"Opt350mZero3TwoRanks", "opt-350m", 2, 3, false, 0, false, 1, 64}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

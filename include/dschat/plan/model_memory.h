@@ -32,6 +32,9 @@ struct ModelSetup {
   bool only_optimize_lora = false;
   bool gradient_checkpointing = false;
   int64_t persistence_threshold = 10000;  // DS-Chat's stage3_param_persistence_threshold
+  /// The ranks talk over gloo (CPU processes): a reduce-scatter receives every rank's chunk of a
+  /// bucket before summing them (dist::Communicator::start_reduce_scatter); NCCL's is native.
+  bool cpu_collectives = false;
 };
 
 /// Every parameter as ZeRO groups it, from the model built on the meta device with the step's
@@ -46,6 +49,9 @@ struct MemoryItem {
   std::string phase;
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
+  /// lora_fuse_backup "auto": the device bytes go to the host when the device's free memory at
+  /// the start of the phase holds them less than twice over (hybrid::lora_backup_device).
+  bool host_when_short = false;
 };
 
 /// The shapes of one pass: rows, tokens per row.
