@@ -23,16 +23,29 @@ int64_t rows_of(const std::string& path, const rlhf::DataConfig& data, uint32_t 
   return bounds[phase + 1] - bounds[phase];
 }
 
+const rlhf::DataConfig& data_of(const rlhf::PipelineConfig& config, const std::string& kind) {
+  return kind == "sft"   ? config.step1.data
+         : kind == "rm"  ? config.step2.data
+         : kind == "dpo" ? config.step2_dpo.data
+         : kind == "ppo" ? config.step3.data
+                         : config.step2_grpo.data;
+}
+
+int phase_of(const std::string& kind) { return kind == "sft" ? 0 : kind == "rm" || kind == "dpo" ? 1 : 2; }
+
 }  // namespace
+
+int64_t split_phase_rows(const rlhf::PipelineConfig& config, int step, int64_t rows) {
+  const std::string kind = config.kind_of(step);
+  const int phase = phase_of(kind);
+  const std::vector<int64_t> bounds = data::split_boundaries(data::parse_data_split(data_of(config, kind).data_split), rows);
+  return bounds[phase + 1] - bounds[phase];
+}
 
 int64_t count_phase_rows(const rlhf::PipelineConfig& config, int step) {
   const std::string kind = config.kind_of(step);
-  const rlhf::DataConfig& data = kind == "sft"   ? config.step1.data
-                                 : kind == "rm"  ? config.step2.data
-                                 : kind == "dpo" ? config.step2_dpo.data
-                                 : kind == "ppo" ? config.step3.data
-                                                 : config.step2_grpo.data;
-  const int phase = kind == "sft" ? 0 : kind == "rm" || kind == "dpo" ? 1 : 2;
+  const rlhf::DataConfig& data = data_of(config, kind);
+  const int phase = phase_of(kind);
   const uint32_t seed = config.common_of(step).seed;
   try {
     int64_t rows = 0;

@@ -12,5 +12,9 @@ namespace plan {
 /// sft_only_data_path whole); -1 when a dataset cannot be found or read here.
 int64_t count_phase_rows(const rlhf::PipelineConfig& config, int step);
 
+/// The share of `rows` train rows (before the split) that step `step`'s phase reads under its
+/// data_split (`dschat plan --dataset-rows`, for datasets not on this machine).
+int64_t split_phase_rows(const rlhf::PipelineConfig& config, int step, int64_t rows);
+
 }  // namespace plan
 }  // namespace dschat

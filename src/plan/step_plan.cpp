@@ -344,7 +344,7 @@ PipelinePlan plan_pipeline(const rlhf::PipelineConfig& config, const PlanOptions
   plan.options = options;
   if (!plan.options.efficiency) plan.options.efficiency = default_efficiency(options.hardware.cpu);
   for (int step : config.steps) {
-    const int64_t rows = options.dataset_rows >= 0 ? options.dataset_rows
+    const int64_t rows = options.dataset_rows >= 0 ? split_phase_rows(config, step, options.dataset_rows)
                          : options.count_rows    ? count_phase_rows(config, step)
                                                  : -1;
     plan.steps.push_back(plan_step(config, step, plan.options, rows));

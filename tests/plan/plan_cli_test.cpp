@@ -43,6 +43,9 @@ TEST(PlanCli, ThirteenBillionOnOneA100With40GiBDoesNotFitAndSaysWhatWould) {
   EXPECT_NE(output.find("DOES NOT FIT"), std::string::npos) << output;
   EXPECT_NE(output.find("changes that make it fit"), std::string::npos) << output;
   EXPECT_NE(output.find("offload"), std::string::npos) << output;
+  // --dataset-rows counts before the split: steps 1 and 3 read 20% and 40% of 2,4,4.
+  EXPECT_NE(output.find("(200 rows in the phase)"), std::string::npos) << output;
+  EXPECT_NE(output.find("(400 rows in the phase)"), std::string::npos) << output;
 }
 
 TEST(PlanCli, BadInputNamesTheFlagOrFile) {

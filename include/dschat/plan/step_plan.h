@@ -40,7 +40,8 @@ struct PlanOptions {
   /// (GPU), or the process's own code and libraries (CPU).
   double reserved_gib = -1;  // < 0: 1.0 on a GPU, 0.6 on the CPU
   std::optional<Efficiency> efficiency;
-  /// Rows of each phase's data before the split (overrides counting the datasets; -1: count).
+  /// Train rows of each step's data before the split (the step reads its data_split share; overrides
+  /// counting the datasets; -1: count).
   int64_t dataset_rows = -1;
   /// false: do not read the datasets (the step count and total time stay unknown).
   bool count_rows = true;
