@@ -67,6 +67,19 @@ double machine_memory_gib() {
   return 0;
 }
 
+Accelerator accelerator_for_product(const std::string& product_name, double memory_gib) {
+  const std::string product = lowercase(product_name);
+  Accelerator match = find_accelerator("h100-80g");
+  match.description = "assumed H100-class peak and bandwidth";
+  for (const Accelerator& a : accelerator_table()) {
+    const std::string family = a.name.substr(0, a.name.find('-'));
+    if (!family.empty() && product.find(family) != std::string::npos) match = a;
+  }
+  match.name = product_name;
+  match.memory_gib = memory_gib;
+  return match;
+}
+
 Hardware hardware_for(const std::string& accelerator, int64_t gpus_per_node, int64_t nodes, double host_memory_gib) {
   check_counts(gpus_per_node, nodes, host_memory_gib);
   Hardware hardware;

@@ -93,6 +93,12 @@ std::vector<engine::ParameterSpec> parameter_specs(const ModelSetup& setup) {
   return finish(specs_of(model, model->backbone()));
 }
 
+engine::MemoryFootprint zero_footprint(const ModelSetup& setup, const std::vector<engine::ParameterSpec>& specs,
+                                       int64_t world, int64_t rank) {
+  const engine::ZeroGrouping grouping = engine::group_parameters(specs, setup.zero_stage, setup.persistence_threshold);
+  return engine::footprint_at_step(specs, grouping, {setup.zero_stage, world, rank});
+}
+
 int64_t model_bytes(const std::vector<engine::ParameterSpec>& specs) {
   int64_t bytes = 0;
   for (const auto& p : specs) bytes += p.numel * element_bytes_of(p.dtype);
@@ -140,7 +146,7 @@ std::vector<MemoryItem> resident_state(const ModelSetup& setup, const std::vecto
                                        int64_t world, int64_t rank) {
   const int stage = setup.zero_stage;
   const engine::ZeroGrouping grouping = engine::group_parameters(specs, stage, setup.persistence_threshold);
-  const engine::MemoryFootprint bytes = engine::footprint_at_step(specs, grouping, {stage, world, rank});
+  const engine::MemoryFootprint bytes = zero_footprint(setup, specs, world, rank);
   std::vector<MemoryItem> items;
   const std::string& m = setup.role;
   // Stage-3 offload keeps the partitions on the host, the persistent (replicated) groups on the device.

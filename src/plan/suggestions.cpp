@@ -3,6 +3,7 @@
 // accumulation, the hybrid engine's TP and cache release), each re-planned.
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "dschat/plan/step_plan.h"
 
@@ -132,6 +133,54 @@ Suggestion evaluate(const rlhf::PipelineConfig& changed, const StepPlan& step, c
   return {what, patch, planned.peak_bytes, planned.seconds_per_step, planned.fits};
 }
 
+// The config with changes `chosen` applied in order.
+rlhf::PipelineConfig with_changes(const rlhf::PipelineConfig& config, const std::vector<Change>& changes,
+                                  const std::vector<size_t>& chosen) {
+  rlhf::PipelineConfig changed = config;
+  for (size_t i : chosen) changes[i].apply(changed);
+  return changed;
+}
+
+// Greedy: add the change that best repairs the step (a config problem such as inference_tp_size
+// first, then the lowest peak) until it fits; then drop every change it still fits without, so
+// the suggestion names only what is needed.
+std::optional<Suggestion> combine_changes(const rlhf::PipelineConfig& config, const StepPlan& step,
+                                          const PlanOptions& options, const std::vector<Change>& changes) {
+  std::vector<size_t> chosen;
+  bool fits = false;
+  while (!fits && chosen.size() < changes.size()) {
+    int best = -1;
+    std::pair<bool, int64_t> best_score{true, INT64_MAX};  // (config problem left, peak)
+    for (size_t i = 0; i < changes.size(); ++i) {
+      if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) continue;
+      std::vector<size_t> trial = chosen;
+      trial.push_back(i);
+      const StepPlan planned = plan_step(with_changes(config, changes, trial), step.step, options, -1);
+      const std::pair<bool, int64_t> score{!planned.config_problem.empty(), planned.peak_bytes};
+      if (score < best_score) {
+        best_score = score;
+        best = static_cast<int>(i);
+      }
+    }
+    if (best < 0) break;
+    chosen.push_back(static_cast<size_t>(best));
+    fits = plan_step(with_changes(config, changes, chosen), step.step, options, -1).fits;
+  }
+  if (!fits) return std::nullopt;
+  for (size_t k = chosen.size(); k-- > 0;) {
+    std::vector<size_t> without = chosen;
+    without.erase(without.begin() + static_cast<std::ptrdiff_t>(k));
+    if (plan_step(with_changes(config, changes, without), step.step, options, -1).fits) chosen = without;
+  }
+  std::string what;
+  nlohmann::json patch = nlohmann::json::object();
+  for (size_t i : chosen) {
+    what += (what.empty() ? "" : " + ") + changes[i].what;
+    patch.merge_patch(changes[i].patch);
+  }
+  return evaluate(with_changes(config, changes, chosen), step, options, what, patch);
+}
+
 }  // namespace
 
 std::vector<Suggestion> suggest_changes(const rlhf::PipelineConfig& config, const PipelinePlan& plan) {
@@ -148,35 +197,9 @@ std::vector<Suggestion> suggest_changes(const rlhf::PipelineConfig& config, cons
       if (s.fits) fitting.push_back(std::move(s));
     }
     if (fitting.empty()) {
-      // No single change is enough: add, one at a time, the change that lowers the peak most.
-      rlhf::PipelineConfig combined = config;
-      std::string what;
-      nlohmann::json patch = nlohmann::json::object();
-      std::vector<bool> used(changes.size(), false);
-      for (size_t round = 0; round < changes.size(); ++round) {
-        int best = -1;
-        int64_t best_peak = INT64_MAX;
-        for (size_t i = 0; i < changes.size(); ++i) {
-          if (used[i]) continue;
-          rlhf::PipelineConfig trial = combined;
-          changes[i].apply(trial);
-          const int64_t peak = plan_step(trial, step.step, plan.options, -1).peak_bytes;
-          if (peak < best_peak) {
-            best_peak = peak;
-            best = static_cast<int>(i);
-          }
-        }
-        if (best < 0) break;
-        used[best] = true;
-        changes[best].apply(combined);
-        what += (what.empty() ? "" : " + ") + changes[best].what;
-        patch.merge_patch(changes[best].patch);
-        Suggestion s = evaluate(combined, step, plan.options, what, patch);
-        if (s.fits) {
-          fitting.push_back(std::move(s));
-          break;
-        }
-      }
+      // No single change is enough: combine them, then drop what the combination does not need.
+      std::optional<Suggestion> combined = combine_changes(config, step, plan.options, changes);
+      if (combined) fitting.push_back(std::move(*combined));
     }
     std::stable_sort(fitting.begin(), fitting.end(),
                      [](const Suggestion& a, const Suggestion& b) { return a.seconds_per_step < b.seconds_per_step; });

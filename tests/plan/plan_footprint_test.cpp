@@ -9,6 +9,7 @@
 #include "dschat/plan/model_memory.h"
 #include "dschat/rlhf/sft_loss.h"
 #include "dschat/rlhf/step_setup.h"
+#include "plan_test_setup.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -53,16 +54,9 @@ TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
     engine->step();
   }
 
-  plan::ModelSetup setup;
-  setup.config = model->config();
-  setup.dtype = torch::kFloat32;
-  setup.trained = true;
-  setup.zero_stage = c.stage;
-  setup.lora_dim = c.lora_dim;
-  setup.only_optimize_lora = c.lora_dim > 0;
+  const plan::ModelSetup setup = testing::trained_fp32_setup(model->config(), c.stage, c.lora_dim);
   const std::vector<engine::ParameterSpec> specs = plan::parameter_specs(setup);
-  const engine::MemoryFootprint planned =
-      engine::footprint_at_step(specs, engine::group_parameters(specs, c.stage, setup.persistence_threshold), {c.stage, 1, 0});
+  const engine::MemoryFootprint planned = plan::zero_footprint(setup, specs, /*world=*/1, /*rank=*/0);
   EXPECT_EQ(planned.parameter_bytes, measured.parameter_bytes);
   EXPECT_EQ(planned.gradient_bytes, measured.gradient_bytes);
   EXPECT_EQ(planned.optimizer_bytes, measured.optimizer_bytes);

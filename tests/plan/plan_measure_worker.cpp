@@ -20,6 +20,7 @@
 #include "dschat/rlhf/sft_loss.h"
 #include "dschat/rlhf/step_setup.h"
 #include "../worker_args.h"
+#include "plan_test_setup.h"
 
 namespace {
 
@@ -117,16 +118,9 @@ int run(const Case& c, const std::string& out, int64_t timeout_ms) {
   const int64_t peak = status_bytes("VmHWM") - baseline;
 
   // This rank's planned bytes (the plan's table shows rank 0's).
-  plan::ModelSetup setup;
-  setup.config = model->config();
-  setup.dtype = torch::kFloat32;
-  setup.trained = true;
-  setup.zero_stage = c.stage;
-  setup.lora_dim = c.lora_dim;
-  setup.only_optimize_lora = c.lora_dim > 0;
+  const plan::ModelSetup setup = testing::trained_fp32_setup(model->config(), c.stage, c.lora_dim);
   const std::vector<engine::ParameterSpec> specs = plan::parameter_specs(setup);
-  const engine::MemoryFootprint planned_bytes = engine::footprint_at_step(
-      specs, engine::group_parameters(specs, c.stage, setup.persistence_threshold), {c.stage, world, rank});
+  const engine::MemoryFootprint planned_bytes = plan::zero_footprint(setup, specs, world, rank);
 
   nlohmann::json report;
   report["planned"] = bytes_json(planned_bytes);

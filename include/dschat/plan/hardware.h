@@ -27,6 +27,11 @@ const std::vector<Accelerator>& accelerator_table();
 /// naming `name` and listing the table when it is not there.
 Accelerator find_accelerator(const std::string& name);
 
+/// The table entry whose family the driver's product name contains ("NVIDIA H200" -> h200) for
+/// its peak and bandwidth (H100-class assumed, and said so, when none does), with the device's
+/// own memory and name.
+Accelerator accelerator_for_product(const std::string& product_name, double memory_gib);
+
 struct Hardware {
   Accelerator device;
   bool cpu = false;           // ranks are host processes; device memory is host memory

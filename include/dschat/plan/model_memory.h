@@ -41,6 +41,12 @@ struct ModelSetup {
 /// LoRA conversion and freezing (v_head.weight stays trainable, as DS-Chat forces it).
 std::vector<engine::ParameterSpec> parameter_specs(const ModelSetup& setup);
 
+/// What ZeRO holds for `setup` on rank `rank` of `world` at an optimizer step: the engine's own
+/// accounting (engine::footprint_at_step over engine::group_parameters), what
+/// TrainingEngine::memory_footprint() reports there.
+engine::MemoryFootprint zero_footprint(const ModelSetup& setup, const std::vector<engine::ParameterSpec>& specs,
+                                       int64_t world, int64_t rank);
+
 /// One line of a memory plan. `phase` "" is resident for the whole step; a named phase
 /// ("generate", "experience", "train actor", ...) holds its bytes only while it runs.
 struct MemoryItem {

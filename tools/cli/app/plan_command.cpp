@@ -1,7 +1,6 @@
 #include "app/plan_command.h"
 
 #include <algorithm>
-#include <cctype>
 
 #include "app/train_command.h"
 #include "dschat/core/device.h"
@@ -12,24 +11,11 @@ namespace dschat {
 namespace app {
 namespace {
 
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
-  return text;
-}
-
-// The table entry whose name the product name contains ("NVIDIA H200" -> h200), for its peak and
-// bandwidth; memory is the device's own.
+// The table's peak and bandwidth for this GPU's product name, with its own memory.
 plan::Accelerator accelerator_of_device(const torch::Device& device) {
-  const std::string product = lower(core::device_product_name(device));
-  plan::Accelerator match = plan::find_accelerator("h100-80g");
-  match.description = "assumed H100-class peak and bandwidth";
-  for (const plan::Accelerator& a : plan::accelerator_table()) {
-    const std::string family = a.name.substr(0, a.name.find('-'));
-    if (!family.empty() && product.find(family) != std::string::npos) match = a;
-  }
-  match.name = product.empty() ? device.str() : product;
-  match.memory_gib = static_cast<double>(core::device_memory_bytes(device)) / (1024.0 * 1024.0 * 1024.0);
-  return match;
+  const std::string product = core::device_product_name(device);
+  const double memory_gib = static_cast<double>(core::device_memory_bytes(device)) / (1024.0 * 1024.0 * 1024.0);
+  return plan::accelerator_for_product(product.empty() ? device.str() : product, memory_gib);
 }
 
 }  // namespace
