@@ -164,6 +164,13 @@ std::vector<MemoryItem> resident_state(const ModelSetup& setup, const std::vecto
     const int64_t device_grads = stage == 1 && world > 1 ? trainable_bytes(specs, 4) : 0;
     items.push_back({m, "gradients (fp32)", "", device_grads, bytes.gradient_bytes - device_grads});
     items.push_back({m, "optimizer (Adam moments, fp32 masters)", "", 0, bytes.optimizer_bytes});
+    if (!setup.cpu_ranks) {
+      // Pinned staging, kept by the caching host allocator once used: the fp32 gradient partition
+      // on its way down, the updated owned values (model dtype) on their way up.
+      const int64_t host_gradients = bytes.gradient_bytes - device_grads;
+      items.push_back({m, "pinned staging (gradients down, updated values up)", "", 0,
+                       host_gradients + host_gradients / 4 * element_bytes_of(setup.dtype)});
+    }
   } else {
     items.push_back({m, "gradients (fp32)", "", bytes.gradient_bytes, 0});
     items.push_back({m, "optimizer (Adam moments, fp32 masters)", "", bytes.optimizer_bytes, 0});
@@ -211,7 +218,7 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
     // The whole fp32 flat buffer, every bucket's reduced part until the boundary (1/world of it),
     // and on gloo the receive buffer of the bucket in flight (DS-Chat's 5e8-element buckets).
     in_flight += trainable * 4 + trainable * 4 / world;
-    if (setup.cpu_collectives) in_flight += std::min<int64_t>(trainable, 500000000) * 4;
+    if (setup.cpu_ranks) in_flight += std::min<int64_t>(trainable, 500000000) * 4;
   }
   if (setup.zero_stage == 3 && trainable > 0) {
     // Each group is reduced as its backward ends: its fp32 flat gradient buffer next to its

@@ -82,7 +82,7 @@ class StepBuilder {
 
   const PlannedModel& add(ModelSetup setup) {
     PlannedModel m{std::move(setup), {}};
-    m.setup.cpu_collectives = options_.hardware.cpu;
+    m.setup.cpu_ranks = options_.hardware.cpu;
     m.specs = parameter_specs(m.setup);
     const core::ModelConfig& c = m.setup.config;
     plan_.models.push_back({m.setup.role,

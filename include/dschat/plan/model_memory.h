@@ -32,9 +32,10 @@ struct ModelSetup {
   bool only_optimize_lora = false;
   bool gradient_checkpointing = false;
   int64_t persistence_threshold = 10000;  // DS-Chat's stage3_param_persistence_threshold
-  /// The ranks talk over gloo (CPU processes): a reduce-scatter receives every rank's chunk of a
-  /// bucket before summing them (dist::Communicator::start_reduce_scatter); NCCL's is native.
-  bool cpu_collectives = false;
+  /// The ranks are CPU processes: they talk over gloo, where a reduce-scatter receives every
+  /// rank's chunk of a bucket before summing them (dist::Communicator::start_reduce_scatter;
+  /// NCCL's is native), and offload stages nothing between host and device.
+  bool cpu_ranks = false;
 };
 
 /// Every parameter as ZeRO groups it, from the model built on the meta device with the step's
