@@ -1,6 +1,7 @@
 #include "dschat/core/device.h"
 
 #include <cstdlib>
+#include <optional>
 
 #include "core/log.h"
 #include "dschat/core/error.h"
@@ -32,6 +33,17 @@ std::string visible_devices_note() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   return visible == nullptr ? std::string() : std::string(" (CUDA_VISIBLE_DEVICES='") + visible + "')";
 }
+
+#ifdef DSCHAT_WITH_CUDA
+// The driver's description of a CUDA device (index -1: device 0); nullopt for the CPU or on error.
+std::optional<cudaDeviceProp> cuda_properties(const torch::Device& device) {
+  cudaDeviceProp prop{};
+  if (!device.is_cuda() || cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) != cudaSuccess) {
+    return std::nullopt;
+  }
+  return prop;
+}
+#endif
 
 }  // namespace
 
@@ -87,11 +99,10 @@ void set_current_device(const torch::Device& device) {
 std::string describe_device(const torch::Device& device) {
   if (!device.is_cuda()) return "cpu (" + std::to_string(torch::get_num_threads()) + " threads)";
 #ifdef DSCHAT_WITH_CUDA
-  cudaDeviceProp prop{};
-  const int index = device.index() < 0 ? 0 : device.index();
-  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) {
-    return "cuda:" + std::to_string(index) + " (" + prop.name + ", " + std::to_string(prop.totalGlobalMem >> 20) +
-           " MiB, compute " + std::to_string(prop.major) + "." + std::to_string(prop.minor) + ")";
+  if (const auto prop = cuda_properties(device)) {
+    return "cuda:" + std::to_string(device.index() < 0 ? 0 : device.index()) + " (" + prop->name + ", " +
+           std::to_string(prop->totalGlobalMem >> 20) + " MiB, compute " + std::to_string(prop->major) + "." +
+           std::to_string(prop->minor) + ")";
   }
 #endif
   return device.str();
@@ -99,10 +110,7 @@ std::string describe_device(const torch::Device& device) {
 
 int64_t device_memory_bytes(const torch::Device& device) {
 #ifdef DSCHAT_WITH_CUDA
-  cudaDeviceProp prop{};
-  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
-    return static_cast<int64_t>(prop.totalGlobalMem);
-  }
+  if (const auto prop = cuda_properties(device)) return static_cast<int64_t>(prop->totalGlobalMem);
 #endif
   (void)device;
   return 0;
@@ -110,10 +118,7 @@ int64_t device_memory_bytes(const torch::Device& device) {
 
 std::string device_product_name(const torch::Device& device) {
 #ifdef DSCHAT_WITH_CUDA
-  cudaDeviceProp prop{};
-  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess) {
-    return prop.name;
-  }
+  if (const auto prop = cuda_properties(device)) return prop->name;
 #endif
   (void)device;
   return "";

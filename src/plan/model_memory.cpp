@@ -146,7 +146,7 @@ std::vector<MemoryItem> resident_state(const ModelSetup& setup, const std::vecto
                                        int64_t world, int64_t rank) {
   const int stage = setup.zero_stage;
   const engine::ZeroGrouping grouping = engine::group_parameters(specs, stage, setup.persistence_threshold);
-  const engine::MemoryFootprint bytes = zero_footprint(setup, specs, world, rank);
+  const engine::MemoryFootprint bytes = engine::footprint_at_step(specs, grouping, {stage, world, rank});
   std::vector<MemoryItem> items;
   const std::string& m = setup.role;
   // Stage-3 offload keeps the partitions on the host, the persistent (replicated) groups on the device.

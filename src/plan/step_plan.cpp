@@ -196,12 +196,11 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
   const torch::ScalarType dtype = actor.setup.dtype;
   const PlannedModel& reference =
       b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));
-  std::optional<PlannedModel> ema;
-  if (p.enable_ema) {
+  if (p.enable_ema) {  // resident only: it is updated after each step, never run in one
     ModelSetup e = frozen_setup("ema", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model);
     e.lora_dim = p.actor.lora_dim;
     e.lora_module_name = p.actor.lora_module_name;
-    ema = b.add(e);
+    b.add(e);
   }
   const PlannedModel& critic = b.add(trained_setup("critic", critic_shape, true, p.common, p.critic, "step3"));
   const PlannedModel& reward =
@@ -231,16 +230,15 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   const core::ModelConfig shape = shape_of({g.actor_model_name_or_path, c.step1.model_name_or_path}, "step2_grpo");
   const PlannedModel& actor = b.add(trained_setup("actor", shape, false, g.common, g.actor, "step2_grpo"));
   const torch::ScalarType dtype = actor.setup.dtype;
-  std::vector<const ModelSetup*> scorers;
-  std::deque<ModelSetup> frozen;  // `scorers` points into it
+  std::vector<const PlannedModel*> scorers;  // the builder keeps them
   if (g.kl_coef != 0.0) {
-    frozen.push_back(b.add(frozen_setup("reference", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)).setup);
+    scorers.push_back(&b.add(frozen_setup("reference", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)));
   }
-  if (g.enable_ema) frozen.push_back(b.add(frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, false)).setup);
+  if (g.enable_ema) b.add(frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, false));  // resident only
   for (const rlhf::RewardSourceConfig& source : g.rewards) {
     if (source.type != "reward_model") continue;
     const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards");
-    frozen.push_back(b.add(frozen_setup("reward " + source.name, rm, true, dtype, g.actor.zero_stage, false)).setup);
+    scorers.push_back(&b.add(frozen_setup("reward " + source.name, rm, true, dtype, g.actor.zero_stage, false)));
   }
   const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
   check_tp(plan, g.inference_tp_size, b.world());
@@ -249,15 +247,15 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
                  g.inference_tp_size, !g.unpin_actor_parameters, g.tp_gather_partition_size, g.lora_fuse_backup);
   const PassShape full{g.per_device_training_batch_size, max_out};
   b.append(inference_pass(actor.setup, actor.specs, full, "experience: actor"));
-  for (const ModelSetup& f : frozen) {
-    if (f.role == "ema") continue;
-    b.append(inference_pass(f, parameter_specs(f), full, "experience: " + f.role));
-    scorers.push_back(&f);
+  std::vector<const ModelSetup*> scorer_setups;
+  for (const PlannedModel* scorer : scorers) {
+    b.append(inference_pass(scorer->setup, scorer->specs, full, "experience: " + scorer->setup.role));
+    scorer_setups.push_back(&scorer->setup);
   }
   b.append(training_pass(actor.setup, actor.specs, full, b.world(), g.common.gradient_accumulation_steps, "train actor"));
   RlShape rl{rows_per_batch, g.max_prompt_seq_len, g.max_answer_seq_len, g.per_device_training_batch_size,
              g.ppo_epochs, g.inference_tp_size, g.common.num_train_epochs};
-  apply_time(plan, rl_time(actor.setup, actor.specs, scorers, {}, rl, rows, b.time(), g.n_samples_per_prompt));
+  apply_time(plan, rl_time(actor.setup, actor.specs, scorer_setups, {}, rl, rows, b.time(), g.n_samples_per_prompt));
 }
 
 // lora_fuse_backup "auto" keeps the backups on the device only when the memory still free as
