@@ -49,7 +49,10 @@ inline nlohmann::json tiny_pipeline_json(const std::filesystem::path& dir,
         {"per_device_generation_batch_size", 8},
         {"per_device_training_batch_size", 8},
         {"checkpoint_interval", 1},
-        {"num_warmup_steps", 0}}}};
+        {"num_warmup_steps", 0},
+        // One epoch on a few dozen pairs leaves the reward model near chance (accuracy ~0.5 on
+        // its 24 eval pairs), which the default gate refuses; the gate still runs and reports.
+        {"reward_gate", {{"action", "warn"}}}}}};
   config.merge_patch(extra);
   return config;
 }

@@ -170,6 +170,7 @@ void TrainingEngine::save_checkpoint(const fs::path& dir, std::string tag, const
                               {"zero_stage", options_.config.zero.stage},
                               {"loss_scaler", scaler_.state_dict()},
                               {"lr_scheduler", scheduler_ ? scheduler_->state_dict() : json(nullptr)},
+                              {"group_lrs", learning_rates()},
                               {"lora_scales", lora_scales(*module_)},
                               {"client_state", client_state}};
   }
@@ -262,6 +263,11 @@ json TrainingEngine::load_checkpoint(const fs::path& dir, const std::string& req
   scaler_.load_state_dict(engine["loss_scaler"], where + "/engine.json: loss_scaler");
   if (scheduler_ && !engine["lr_scheduler"].is_null()) {
     scheduler_->load_state_dict(engine["lr_scheduler"], where + "/engine.json: lr_scheduler");
+  } else if (!scheduler_ && engine.contains("group_lrs")) {  // a constant rate, possibly scaled since
+    const std::vector<double> lrs = engine["group_lrs"].get<std::vector<double>>();
+    if (lrs.size() == zero_->adamw().group_lrs().size()) {
+      for (size_t i = 0; i < lrs.size(); ++i) zero_->adamw().set_group_lr(i, lrs[i]);
+    }
   }
   apply_schedule();
   global_steps_ = engine["global_steps"].get<int64_t>();

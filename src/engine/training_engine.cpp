@@ -92,6 +92,18 @@ int64_t TrainingEngine::world_size() const {
   return options_.communicator ? options_.communicator->world_size() : 1;
 }
 std::vector<double> TrainingEngine::learning_rates() const { return zero_->adamw().group_lrs(); }
+
+void TrainingEngine::scale_learning_rates(double factor) {
+  DSCHAT_CHECK(factor > 0.0 && std::isfinite(factor), InvalidArgument, "scale_learning_rates: factor ", factor);
+  if (scheduler_) {
+    scheduler_->scale_base_lrs(factor);
+    apply_schedule();
+    return;
+  }
+  AdamW& adamw = zero_->adamw();
+  const std::vector<double> lrs = adamw.group_lrs();
+  for (size_t i = 0; i < lrs.size(); ++i) adamw.set_group_lr(i, lrs[i] * factor);
+}
 MemoryFootprint TrainingEngine::memory_footprint() const { return zero_->footprint(); }
 std::map<std::string, torch::Tensor> TrainingEngine::consolidated_parameters() {
   return zero_->consolidated_parameters();

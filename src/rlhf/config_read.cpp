@@ -2,6 +2,7 @@
 // in range, choices, string lists, and the data, common and model keys.
 #include "rlhf/config_read.h"
 
+#include <functional>
 #include <limits>
 
 #include "core/strings.h"
@@ -111,6 +112,56 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.keep_checkpoints = read_min(o, "keep_checkpoints", c.keep_checkpoints, 0);
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
+  read_guardian(o, c.guardian);
+}
+
+namespace {
+
+// One signal's block: {"action": ..., <threshold_key>: ..., "window": ...}; `extra` reads the
+// signal's other keys.
+void read_rule(JsonObject& guardian, const std::string& name, monitor::GuardianRule& rule,
+               const std::string& threshold_key, double low, double high, int64_t min_window,
+               const std::function<void(JsonObject&)>& extra = {}) {
+  auto r = guardian.object(name);
+  if (!r) return;
+  if (r->has("action")) rule.action = monitor::parse_action(r->get<std::string>("action", ""), r->at("action"));
+  if (!threshold_key.empty()) {
+    rule.threshold = core::check_range(*r, threshold_key, r->get<double>(threshold_key, rule.threshold), low, high);
+  }
+  if (min_window > 0) rule.window = read_min(*r, "window", rule.window, min_window);
+  if (extra) extra(*r);
+  r->finish();
+}
+
+}  // namespace
+
+void read_guardian(JsonObject& o, monitor::GuardianConfig& g) {
+  auto b = o.object("guardian");
+  if (!b) return;
+  constexpr double kHuge = 1e300;
+  g.enabled = b->get<bool>("enabled", g.enabled);
+  g.snapshot_interval = read_min(*b, "snapshot_interval", g.snapshot_interval, 1);
+  g.max_rollbacks = read_min(*b, "max_rollbacks", g.max_rollbacks, 0);
+  g.lr_factor = core::check_range(*b, "lr_factor", b->get<double>("lr_factor", g.lr_factor), 1e-12, 1.0);
+  g.batches = read_choice(*b, "batches", g.batches, {"skip", "retry"});
+  g.reseed = b->get<bool>("reseed", g.reseed);
+  read_rule(*b, "non_finite", g.non_finite, "", 0, 0, 0);
+  read_rule(*b, "loss_spike", g.loss_spike, "factor", 1.0, kHuge, 1, [&g](JsonObject& r) {
+    g.loss_spike_min_steps = read_min(r, "min_steps", g.loss_spike_min_steps, 1);
+    g.loss_spike_min_increase = read_nonnegative(r, "min_increase", g.loss_spike_min_increase);
+  });
+  read_rule(*b, "kl", g.kl, "limit", 0.0, kHuge, 0);
+  read_rule(*b, "kl_growth", g.kl_growth, "limit", -kHuge, kHuge, 2);
+  read_rule(*b, "entropy", g.entropy, "floor", 0.0, kHuge, 0);
+  read_rule(*b, "answer_length", g.answer_length, "margin", 0.0, kHuge, 0);
+  read_rule(*b, "repeated_answers", g.repeated_answers, "share", 0.0, 1.0, 0);
+  read_rule(*b, "reward_hacking", g.reward_hacking, "min_rise", -kHuge, kHuge, 2, [&g](JsonObject& r) {
+    g.reward_hacking_min_drop = r.get<double>("min_drop", g.reward_hacking_min_drop);
+    g.heldout_interval = read_min(r, "interval", g.heldout_interval, 0);
+    g.heldout_prompts = read_min(r, "prompts", g.heldout_prompts, 1);
+    g.heldout_source = r.get<std::string>("source", g.heldout_source);
+  });
+  b->finish();
 }
 
 // Step 1/2 flags unprefixed; step 3 passes "actor_" / "critic_".

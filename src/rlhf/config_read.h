@@ -29,6 +29,8 @@ void read_data_keys(core::JsonObject& o, DataConfig& data);
 /// A step's own "data" object merges over the shared one key by key.
 DataConfig read_step_data(core::JsonObject& o, const DataConfig& shared);
 void read_common(core::JsonObject& o, CommonStepConfig& c);
+/// The "guardian" block (docs/guardian.md); absent keys keep their defaults.
+void read_guardian(core::JsonObject& o, monitor::GuardianConfig& g);
 /// Step 1/2 flags unprefixed; step 3 passes "actor_" / "critic_".
 void read_model(core::JsonObject& o, const std::string& prefix, ModelTrainingConfig& m);
 /// A free-text note (presets name the DS-Chat script they mirror).

@@ -156,6 +156,35 @@ CriticFreeBatch sample_and_score(RlhfModels& models, ScoredReward& reward, const
   return out;
 }
 
+double heldout_score(RlhfModels& models, ScoredReward& reward, const GrpoConfig& config, const data::PromptBatch& batch,
+                     int64_t eos_token_id, int64_t pad_token_id, const std::string& source) {
+  const int64_t column = [&]() -> int64_t {
+    if (source.empty()) return -1;
+    for (int64_t s = 0; s < reward.sources().size(); ++s) {
+      if (reward.sources().config(s).name == source) return s;
+    }
+    DSCHAT_THROW(ConfigError, "guardian.reward_hacking.source: '", source, "' is not one of the step's reward sources");
+  }();
+  torch::Tensor per_source;  // [N, F]
+  const torch::Tensor weights = reward.sources().weights();  // [F]
+  ExperienceSources sources;
+  sources.policy = models.actor.get();
+  sources.reward = [&](const torch::Tensor& seq, const torch::Tensor& mask, int64_t prompt_length) {
+    per_source = reward.score(seq, mask, prompt_length);
+    return (per_source * weights).sum(1);  // [N]
+  };
+  ExperienceOptions options;
+  options.generation = experience_generation_config(policy_view(config), eos_token_id, pad_token_id, 0);
+  options.generation.do_sample = false;  // the same answers for the same policy: a trend, not noise
+  options.generation.num_return_sequences = 1;
+  options.pad_token_id = pad_token_id;
+  options.drop_short_answers = false;
+  std::optional<Experience> exp = generate_experience(sources, batch.input_ids, batch.attention_mask, options);
+  DSCHAT_CHECK(exp.has_value() && per_source.defined(), InvalidArgument, "held-out check: generation returned no answers");
+  const torch::Tensor scores = column < 0 ? (per_source * weights).sum(1) : per_source.select(1, column);  // [N]
+  return scores.to(torch::kFloat64).mean().item<double>();
+}
+
 std::optional<StepAnswers> take_step_answers(const std::vector<CriticFreeBatch>& pool, int64_t pool_batches,
                                              const GrpoConfig& config, const torch::Tensor& weights, int64_t groups,
                                              int64_t pad_token_id, const StepContext& context) {

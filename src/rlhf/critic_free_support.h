@@ -53,6 +53,12 @@ CriticFreeBatch sample_and_score(RlhfModels& models, ScoredReward& reward, const
                                  const data::PromptBatch& batch, int64_t eos_token_id, int64_t pad_token_id,
                                  uint64_t seed);
 
+/// The guardian's held-out check: one greedy answer to each prompt of `batch`, scored by the
+/// reward source named `source` ("": the weighted reward); the mean over the prompts. Throws
+/// core::ConfigError naming guardian.reward_hacking.source when no source has that name.
+double heldout_score(RlhfModels& models, ScoredReward& reward, const GrpoConfig& config, const data::PromptBatch& batch,
+                     int64_t eos_token_id, int64_t pad_token_id, const std::string& source);
+
 struct StepAnswers {
   CriticFreeBatch batch;       // generation_batch_size groups of n answers
   int64_t dropped_groups = 0;  // groups sampled for this step whose rewards were all equal

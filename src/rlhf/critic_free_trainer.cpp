@@ -20,6 +20,7 @@
 #include "rlhf/critic_free_step.h"
 #include "rlhf/critic_free_support.h"
 #include "rlhf/memory_hint.h"
+#include "rlhf/policy_guard.h"
 
 namespace dschat {
 namespace rlhf {
@@ -83,107 +84,183 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   runner.set_checkpoint_parts({"actor", "ema"});
 
   GrpoResult result;
+  GuardedRun guard(config.common.guardian, where, runner, &metrics, context.communicator);
   int64_t start_epoch = 0, skip_batches = 0, step = 0;
-  if (runner.prepare_resume()) {
-    const nlohmann::json state = models.actor->training_engine().load_checkpoint(ckpt / "actor");
+  // Restores the position and the result's history from a checkpoint's state (a resume, or the
+  // guardian's snapshot).
+  const auto restore = [&](const fs::path& dir, const std::string& tag_or_latest) {
+    const nlohmann::json state = models.actor->training_engine().load_checkpoint(dir / "actor", tag_or_latest);
     const std::string tag = state.at("tag").get<std::string>();
-    load_ema_checkpoint(models, ckpt / "ema", tag);
+    load_ema_checkpoint(models, dir / "ema", tag);
     start_epoch = state.at("epoch").get<int64_t>();
     skip_batches = state.at("batch").get<int64_t>();
     step = state.at("step").get<int64_t>();
     result.step_rewards = state.at("step_rewards").get<std::vector<double>>();
     result.step_group_std = state.at("step_group_std").get<std::vector<double>>();
     result.dropped_groups = state.at("dropped_groups").get<int64_t>();
+    return state;
+  };
+  if (runner.prepare_resume()) {
+    const nlohmann::json state = restore(ckpt, "");
+    if (state.contains("guardian")) guard.guardian().load_state(state.at("guardian"));
     result.resumed = true;
-    core::log_info(where, ": resuming from ", ckpt.string(), " (", tag, ") at epoch ", start_epoch, ", batch ",
-                   skip_batches);
+    core::log_info(where, ": resuming from ", ckpt.string(), " (", state.at("tag").get<std::string>(), ") at epoch ",
+                   start_epoch, ", batch ", skip_batches);
+  }
+  // Writes the state after prompt batch `batch_index` of `epoch` (the next position) under `dir`.
+  const auto save_state = [&](const fs::path& dir, const std::string& tag, int64_t epoch, int64_t next_batch,
+                              engine::AsyncCheckpointWriter* background) {
+    if (models.ema && rank == 0) save_ema_checkpoint(dir / "ema", tag, module_parameters(*models.ema), background);
+    const bool epoch_done = next_batch >= steps_per_epoch;
+    nlohmann::json state = {{"tag", tag},
+                            {"epoch", epoch_done ? epoch + 1 : epoch},
+                            {"batch", epoch_done ? 0 : next_batch},
+                            {"step", step},
+                            {"step_rewards", result.step_rewards},
+                            {"step_group_std", result.step_group_std},
+                            {"dropped_groups", result.dropped_groups},
+                            {"guardian", guard.guardian().state()}};
+    models.actor->training_engine().save_checkpoint(dir / "actor", tag, state, background);
+  };
+  const auto snapshot = [&](int64_t epoch, int64_t next_batch, bool confirmed) {
+    guard.take_snapshot(
+        step, [&](const fs::path& dir, const std::string& tag) { save_state(dir, tag, epoch, next_batch, nullptr); },
+        confirmed);
+  };
+  guard.set_confirmation_lag(1);  // a step's figures judge the weights of the step before
+  if (guard.snapshot_due(step)) snapshot(start_epoch, skip_batches, /*confirmed=*/true);
+  const monitor::GuardianConfig& guardian_config = config.common.guardian;
+  std::optional<data::PromptBatch> heldout;
+  if (guardian_config.enabled && guardian_config.heldout_interval > 0) {
+    heldout = heldout_prompt_batch(phase.eval, phase.train, guardian_config.heldout_prompts, pad, p_len, device);
   }
 
   monitor::Progress progress(where, config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                              !context.progress);
   const torch::Tensor weights = reward.sources().weights();  // [F]
   std::vector<CriticFreeBatch> pool;  // dynamic sampling: this step's batches so far
-  int64_t pool_batches = 0;
+  int64_t pool_batches = 0, pool_first = 0;
   setup_sync.reset();
-  for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
-    data::EpochBatches<data::PromptBatch> prompts(sampler, epoch, gen_bs, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_prompts(phase.train, items, pad, p_len).pinned_for(device);
-    });
-    pool.clear();
-    pool_batches = 0;
-    for (int64_t batch_index = 0; batch_index < steps_per_epoch; ++batch_index) {
-      auto host_batch = prompts.next();
-      if (!host_batch) break;
-      if (batch_index < skip_batches) continue;
-      const uint64_t sample_seed = config.common.seed + 1000003ULL * static_cast<uint64_t>(rank) +
-                                   static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
-      const data::PromptBatch batch = host_batch->to(device, /*non_blocking=*/true);
-      pool.push_back(sample_and_score(models, reward, config, batch, eos, pad, sample_seed));
-      ++pool_batches;
-      const std::optional<StepAnswers> ready =
-          take_step_answers(pool, pool_batches, config, weights, gen_bs, pad, context);
-      if (!ready) continue;
+  for (bool finished = false; !finished;) {
+    try {
+      for (int64_t epoch = start_epoch; epoch < config.common.num_train_epochs; ++epoch) {
+        data::EpochBatches<data::PromptBatch> prompts(sampler, epoch, gen_bs, false, [&](const std::vector<int64_t>& items) {
+          return data::collate_prompts(phase.train, items, pad, p_len).pinned_for(device);
+        });
+        pool.clear();
+        pool_batches = 0;
+        for (int64_t batch_index = 0; batch_index < steps_per_epoch; ++batch_index) {
+          auto host_batch = prompts.next();
+          if (!host_batch) break;
+          if (batch_index < skip_batches) continue;
+          if (skipped_prompt_batch(guard.guardian(), epoch, batch_index)) continue;
+          const uint64_t sample_seed = config.common.seed + guard.guardian().seed_offset() +
+                                       1000003ULL * static_cast<uint64_t>(rank) +
+                                       static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
+          const data::PromptBatch batch = host_batch->to(device, /*non_blocking=*/true);
+          if (pool.empty()) pool_first = batch_index;
+          pool.push_back(sample_and_score(models, reward, config, batch, eos, pad, sample_seed));
+          ++pool_batches;
+          const std::optional<StepAnswers> ready =
+              take_step_answers(pool, pool_batches, config, weights, gen_bs, pad, context);
+          if (!ready) continue;
+          pool.clear();
+          pool_batches = 0;
+          result.dropped_groups += ready->dropped_groups;
+          CriticFreeBatch answers = ready->batch;
+          compute_advantages(config, weights, answers, context);
+          if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
+            print_answers(answers, reward, weights);
+          }
+
+          const auto train_start = Clock::now();
+          const int64_t skipped_before = models.actor->training_engine().skipped_steps();
+          std::vector<CriticFreeMicroStats> micro_stats;
+          std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
+          std::vector<int64_t> order(static_cast<size_t>(answers.exp.rows()));
+          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+          for (int64_t pass = 0; pass < config.ppo_epochs; ++pass) {
+            if (pass > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
+            std::vector<torch::Tensor> micro;  // each [b] int64 row indices on the host
+            for (size_t b = 0; b < order.size(); b += static_cast<size_t>(train_bs)) {
+              const size_t e = std::min(order.size(), b + static_cast<size_t>(train_bs));
+              micro.push_back(torch::tensor(std::vector<int64_t>(order.begin() + static_cast<std::ptrdiff_t>(b),
+                                                                 order.begin() + static_cast<std::ptrdiff_t>(e)),
+                                            torch::kInt64));
+            }
+            const std::vector<double> tokens = window_tokens(micro, answers, gas, context);
+            for (size_t i = 0; i < micro.size(); ++i) {
+              micro_stats.push_back(critic_free_micro_step(*models.actor, config, answers, micro[i], tokens[i]));
+              if (models.ema) update_ema(models, kEmaBeta);
+            }
+          }
+          const double train_seconds = seconds_since(train_start);
+          ++step;
+          const StepFigures f = read_step(answers, weights, n, micro_stats, ready->kept_share, context);
+          result.step_rewards.push_back(f.reward);
+          result.step_group_std.push_back(f.group_std);
+          result.mean_kl = f.kl;
+          result.mean_entropy = f.entropy;
+          for (int64_t s = 0; s < reward.sources().size(); ++s) {
+            result.last_source_means[reward.sources().config(s).name] = f.source_means[static_cast<size_t>(s)];
+          }
+          result.generate_seconds += answers.exp.generate_seconds;
+          result.train_seconds += train_seconds;
+          log_step(metrics, config, reward.sources(), step, epoch, f, answers.exp.generate_seconds, train_seconds, rank);
+          progress.update(epoch * steps_per_epoch + batch_index + 1, "reward " + std::to_string(f.reward));
+
+          monitor::StepFigures health;
+          health.step = step;
+          health.loss = f.loss;
+          engine::TrainingEngine& actor_engine = models.actor->training_engine();
+          if (!actor_engine.uses_loss_scaling() && actor_engine.skipped_steps() > skipped_before) health.grad_norm = -1.0;
+          if (config.kl_coef > 0.0) health.kl = f.kl;
+          health.entropy = f.entropy;
+          health.mean_answer_tokens = f.answer_tokens;
+          health.max_answer_tokens = config.max_answer_seq_len;
+          {
+            // One answer per prompt (the first of its group): the same answer to different prompts is
+            // the collapse; a group's answers agreeing is just a confident policy.
+            std::vector<std::string> firsts;
+            const std::vector<RewardQuery> queries = reward.queries(answers.exp.seq, answers.exp.prompt_length);
+            for (size_t i = 0; i < queries.size(); i += static_cast<size_t>(n)) firsts.push_back(queries[i].response);
+            health.repeated_share = guard.mean_over_ranks({repeated_answer_share(firsts)})[0];
+          }
+          health.reward = f.reward;
+          check_policy_step(guard, health,
+                            heldout ? std::function<double()>([&] {
+                              return heldout_score(models, reward, config, *heldout, eos, pad,
+                                                   guardian_config.heldout_source);
+                            })
+                                    : std::function<double()>(),
+                            {{"epoch", epoch}, {"begin", pool_first}, {"end", batch_index + 1}});
+          if (guard.snapshot_due(step)) snapshot(epoch, batch_index + 1, /*confirmed=*/false);
+          runner.after_optimizer_step(step, [&](engine::AsyncCheckpointWriter* background) {
+            save_state(ckpt, "global_step" + std::to_string(step), epoch, batch_index + 1, background);
+          });
+        }
+        if (!pool.empty()) core::log_warn(where, ": epoch ", epoch, " ended with ", pool_batches,
+                                          " sampled batches not yet a full step; they are not trained on");
+        skip_batches = 0;
+      }
+      finished = true;
+    } catch (const PolicyAlarm& alarm) {
       pool.clear();
       pool_batches = 0;
-      result.dropped_groups += ready->dropped_groups;
-      CriticFreeBatch answers = ready->batch;
-      compute_advantages(config, weights, answers, context);
-      if (config.print_answers && rank == 0 && step % config.print_answers_interval == 0) {
-        print_answers(answers, reward, weights);
+      const bool rolled_back =
+          alarm.action == monitor::GuardianAction::kRollback &&
+          guard.roll_back(alarm.step, alarm.cause, alarm.skipped,
+                          [&](const fs::path& dir, const std::string& tag) { restore(dir, tag); },
+                          {&models.actor->training_engine()});
+      if (!rolled_back) {
+        stop_for_guardian(runner, guard, alarm, [&](engine::AsyncCheckpointWriter* background) {
+          save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),
+                     alarm.skipped.value("end", int64_t{0}), background);
+        });
       }
-
-      const auto train_start = Clock::now();
-      std::vector<CriticFreeMicroStats> micro_stats;
-      std::mt19937_64 shuffle_rng(config.common.seed + static_cast<uint64_t>(step));
-      std::vector<int64_t> order(static_cast<size_t>(answers.exp.rows()));
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-      for (int64_t pass = 0; pass < config.ppo_epochs; ++pass) {
-        if (pass > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
-        std::vector<torch::Tensor> micro;  // each [b] int64 row indices on the host
-        for (size_t b = 0; b < order.size(); b += static_cast<size_t>(train_bs)) {
-          const size_t e = std::min(order.size(), b + static_cast<size_t>(train_bs));
-          micro.push_back(torch::tensor(std::vector<int64_t>(order.begin() + static_cast<std::ptrdiff_t>(b),
-                                                             order.begin() + static_cast<std::ptrdiff_t>(e)),
-                                        torch::kInt64));
-        }
-        const std::vector<double> tokens = window_tokens(micro, answers, gas, context);
-        for (size_t i = 0; i < micro.size(); ++i) {
-          micro_stats.push_back(critic_free_micro_step(*models.actor, config, answers, micro[i], tokens[i]));
-          if (models.ema) update_ema(models, kEmaBeta);
-        }
-      }
-      const double train_seconds = seconds_since(train_start);
-      ++step;
-      const StepFigures f = read_step(answers, weights, n, micro_stats, ready->kept_share, context);
-      result.step_rewards.push_back(f.reward);
-      result.step_group_std.push_back(f.group_std);
-      result.mean_kl = f.kl;
-      result.mean_entropy = f.entropy;
-      for (int64_t s = 0; s < reward.sources().size(); ++s) {
-        result.last_source_means[reward.sources().config(s).name] = f.source_means[static_cast<size_t>(s)];
-      }
-      result.generate_seconds += answers.exp.generate_seconds;
-      result.train_seconds += train_seconds;
-      log_step(metrics, config, reward.sources(), step, epoch, f, answers.exp.generate_seconds, train_seconds, rank);
-      progress.update(epoch * steps_per_epoch + batch_index + 1, "reward " + std::to_string(f.reward));
-
-      runner.after_optimizer_step(step, [&](engine::AsyncCheckpointWriter* background) {
-        const std::string tag = "global_step" + std::to_string(step);
-        if (models.ema && rank == 0) save_ema_checkpoint(ckpt / "ema", tag, module_parameters(*models.ema), background);
-        const bool last = batch_index + 1 >= steps_per_epoch;
-        nlohmann::json state = {{"tag", tag},
-                                {"epoch", last ? epoch + 1 : epoch},
-                                {"batch", last ? 0 : batch_index + 1},
-                                {"step", step},
-                                {"step_rewards", result.step_rewards},
-                                {"step_group_std", result.step_group_std},
-                                {"dropped_groups", result.dropped_groups}};
-        models.actor->training_engine().save_checkpoint(ckpt / "actor", tag, state, background);
-      });
+      runner.supersede_checkpoints_after(models.actor->training_engine().global_steps());
+      if (guardian_config.reseed) torch::manual_seed(config.common.seed + guard.guardian().seed_offset());
     }
-    if (!pool.empty()) core::log_warn(where, ": epoch ", epoch, " ended with ", pool_batches,
-                                      " sampled batches not yet a full step; they are not trained on");
-    skip_batches = 0;
   }
   core::HostSync end_sync("step end (save)");
   runner.wait_for_checkpoints();
@@ -192,6 +269,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   result.seconds = seconds_since(start);
 
   save_rl_outputs(models, tokenizer, config.output_dir, result.to_json(), context);
+  guard.finish();
   runner.finish();
   return result;
 }

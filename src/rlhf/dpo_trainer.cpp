@@ -161,6 +161,7 @@ DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, Me
   DpoResult result;
   SupervisedLoop<data::RewardBatch> loop;
   loop.use_step_config(config.common, context);
+  loop.metrics = &metrics;
   loop.eval_interval = config.eval_interval;
   loop.progress_label = "DPO";
   loop.progress_total = total_steps;

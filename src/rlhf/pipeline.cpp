@@ -7,6 +7,7 @@
 #include "dschat/rlhf/critic_free_trainer.h"
 #include "dschat/rlhf/dpo_trainer.h"
 #include "dschat/rlhf/ppo_trainer.h"
+#include "dschat/rlhf/reward_gate.h"
 #include "dschat/rlhf/reward_trainer.h"
 #include "dschat/rlhf/sft_trainer.h"
 #include "dschat/rlhf/step_runner.h"
@@ -70,6 +71,8 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
       require_model(config.step3.actor_model_name_or_path, 1);
       require_model(config.step3.critic_model_name_or_path, 2);
       step_context.random_init = false;  // step 3 starts from the trained models
+      // Before PPO learns to exploit the reward model: refuses (or warns) by step3.reward_gate.
+      run_reward_gate(config, step_context);
       result.summaries[key] = run_ppo(config.step3, step_context).to_json();
     }
     ran.push_back(step);

@@ -50,6 +50,14 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   torch::Tensor new_logprobs = gather_log_probs(logits, exp.seq).slice(1, start);     // [B, L-1-start]
   PpoLoss actor_out = actor_loss(new_logprobs, exp.logprobs.slice(1, start), targets.advantages, answer_mask,
                                  constants);
+  {
+    // The policy's entropy at the answer actions (the guardian's collapse signal), from the same
+    // logits: H = logsumexp(z) - sum(softmax(z) z), in float32.
+    torch::NoGradGuard no_grad;
+    const torch::Tensor z = logits.detach().slice(1, start, -1).to(torch::kFloat32);  // [B, L-1-start, V]
+    const torch::Tensor entropy = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1);     // [B, L-1-start]
+    stats.entropy = masked_mean(entropy, answer_mask);                                // []
+  }
   models.actor->backward(actor_out.loss);
   // Without alignment the actor steps before the critic's forward, as DeepSpeed-Chat does.
   if (!align_overflow) models.actor->step();
@@ -79,6 +87,10 @@ torch::Tensor train_unsupervised(RlhfModels& models, const data::SftBatch& batch
   return loss.detach();
 }
 
+namespace {
+constexpr int kFields = 8;  // the PpoStepStats fields a micro-step adds, in order
+}  // namespace
+
 void PpoStatsQueue::begin_step() { steps_.emplace_back(); }
 
 void PpoStatsQueue::add(const PpoStepStats& stats) {
@@ -86,10 +98,10 @@ void PpoStatsQueue::add(const PpoStepStats& stats) {
   const torch::Device device = stats.kl.device();
   std::vector<torch::Tensor> fields = {stats.actor_loss,  stats.critic_loss, stats.actor_clip_fraction,
                                        stats.critic_clip_fraction, stats.kl, stats.mean_reward,
-                                       stats.mean_answer_tokens};
+                                       stats.mean_answer_tokens, stats.entropy};
   // Widened to float64 on the device: exact, as item<double>() would be.
   for (torch::Tensor& field : fields) field = field.detach().to(device, torch::kFloat64).reshape({1});  // [1]
-  steps_.back().micro.push_back(torch::cat(fields));  // [7]
+  steps_.back().micro.push_back(torch::cat(fields));  // [kFields]
 }
 
 void PpoStatsQueue::add_unsupervised(const torch::Tensor& loss) {
@@ -98,7 +110,7 @@ void PpoStatsQueue::add_unsupervised(const torch::Tensor& loss) {
 }
 
 std::vector<PpoStepMeans> PpoStatsQueue::read() {
-  std::vector<torch::Tensor> parts;  // every pending value in step order, [7] and [1] pieces
+  std::vector<torch::Tensor> parts;  // every pending value in step order, [kFields] and [1] pieces
   for (const Step& step : steps_) {
     parts.insert(parts.end(), step.micro.begin(), step.micro.end());
     parts.insert(parts.end(), step.unsup.begin(), step.unsup.end());
@@ -113,9 +125,9 @@ std::vector<PpoStepMeans> PpoStatsQueue::read() {
   std::vector<PpoStepMeans> out;
   for (const Step& step : steps_) {
     // Summed from 0.0 in micro-step order, as the host sums were before the reads were deferred.
-    double sums[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    for (size_t m = 0; m < step.micro.size(); ++m, value += 7) {
-      for (int f = 0; f < 7; ++f) sums[f] += value[f];
+    double sums[kFields] = {};
+    for (size_t m = 0; m < step.micro.size(); ++m, value += kFields) {
+      for (int f = 0; f < kFields; ++f) sums[f] += value[f];
     }
     double unsup_sum = 0.0;
     for (size_t u = 0; u < step.unsup.size(); ++u) unsup_sum += *value++;
@@ -131,6 +143,7 @@ std::vector<PpoStepMeans> PpoStatsQueue::read() {
     means.kl = mean(sums[4]);
     means.mean_reward = mean(sums[5]);
     means.mean_answer_tokens = mean(sums[6]);
+    means.entropy = mean(sums[7]);
     means.unsup_loss = mean(unsup_sum);
     out.push_back(means);
   }

@@ -148,6 +148,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   SupervisedLoop<data::RewardBatch> loop;
   loop.use_step_config(config.common, context);
+  loop.metrics = &metrics;
   loop.eval_interval = config.eval_interval;
   loop.progress_label = "reward model";
   loop.progress_total = total_steps;

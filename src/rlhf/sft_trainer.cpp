@@ -110,6 +110,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   SftResult result;
   SupervisedLoop<data::SftBatch> loop;
   loop.use_step_config(config.common, context);
+  loop.metrics = &metrics;
   loop.progress_label = "SFT";
   loop.progress_total = total_steps;
   loop.on_resume = [&](const ResumePoint& at) {

@@ -124,6 +124,16 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
     p.lam = read_unit(*k, "lam", p.lam);
     k->finish();
   }
+  if (auto g = o.object("reward_gate")) {  // ours: the reward model's check before PPO (reward_gate.h)
+    RewardGateConfig& r = c.reward_gate;
+    r.action = read_choice(*g, "action", r.action, {"refuse", "warn", "off"});
+    r.min_accuracy = read_unit(*g, "min_accuracy", r.min_accuracy);
+    r.max_length_bias = core::check_range(*g, "max_length_bias", g->get<double>("max_length_bias", r.max_length_bias),
+                                          -1.0, 1.0);
+    r.max_padding_win_rate = read_unit(*g, "max_padding_win_rate", r.max_padding_win_rate);
+    r.max_pairs = read_min(*g, "max_pairs", r.max_pairs, 0);
+    g->finish();
+  }
   o.finish();
 
   // DS-Chat's step-3 argument checks (main.py), after finish() so a misspelt key is reported as

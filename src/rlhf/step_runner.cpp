@@ -42,6 +42,7 @@ StepRunner::StepRunner(std::string name, const fs::path& output_dir, const Commo
   if (dir.filename().empty()) dir = dir.parent_path();  // "out/actor/" -> "out/actor"
   checkpoint_dir_ = dir.parent_path() / (dir.filename().string() + "_checkpoints");
   log_dir_ = dir.parent_path() / (dir.filename().string() + "_logs");
+  guardian_dir_ = dir.parent_path() / (dir.filename().string() + "_guardian");
   if (common_.async_checkpoint) writer_ = std::make_unique<engine::AsyncCheckpointWriter>();
 }
 
@@ -220,6 +221,10 @@ void StepRunner::save_checkpoint(const SaveFunction& save, bool wait) {
   if (wait) wait_for_checkpoints();
 }
 
+bool StepRunner::checkpoint_due(int64_t optimizer_steps) const {
+  return context_.stopping() || (common_.checkpoint_interval > 0 && optimizer_steps % common_.checkpoint_interval == 0);
+}
+
 void StepRunner::after_optimizer_step(int64_t optimizer_steps, const SaveFunction& save) {
   if (context_.stopping()) {
     core::log_warn(name_, ": stop requested; saving a checkpoint at optimizer step ", optimizer_steps);
@@ -232,6 +237,32 @@ void StepRunner::after_optimizer_step(int64_t optimizer_steps, const SaveFunctio
   if (crash_after > 0 && optimizer_steps >= crash_after) {
     throw Interrupted(name_ + ": test crash after optimizer step " + std::to_string(optimizer_steps));
   }
+}
+
+void StepRunner::supersede_checkpoints_after(int64_t global_steps) {
+  wait_for_checkpoints();
+  if (context_rank(context_) == 0) {
+    std::string newest;
+    for (const engine::CheckpointTag& t : engine::list_checkpoint_tags(part_dir(parts_.front()))) {
+      if (t.global_steps <= global_steps) {
+        newest = t.tag;
+        continue;
+      }
+      core::log_warn(name_, ": checkpoint ", t.tag, " was saved after the state the guardian rolled back to; moved "
+                     "aside as ", t.tag, ".superseded");
+      for (const std::string& part : parts_) move_aside(part_dir(part) / t.tag, ".superseded");
+    }
+    for (const std::string& part : parts_) {
+      const fs::path latest = part_dir(part) / "latest";
+      if (!fs::exists(latest)) continue;
+      if (newest.empty()) {
+        fs::remove(latest);
+      } else {
+        io::write_file_atomically(latest, newest);
+      }
+    }
+  }
+  if (context_.communicator) context_.communicator->barrier();
 }
 
 void StepRunner::finish() {

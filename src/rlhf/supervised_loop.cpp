@@ -10,20 +10,25 @@
 #include "core/tensor_util.h"
 #include "dschat/monitor/progress.h"
 #include "dschat/monitor/throughput.h"
+#include "dschat/rlhf/guarded_run.h"
 #include "dschat/rlhf/step_setup.h"
+#include "rlhf/policy_guard.h"
 
 namespace dschat {
 namespace rlhf {
 namespace {
 
-// A checkpoint's client state: the trainer's keys plus the data position a resume skips to.
-nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, int64_t epoch, int64_t batch) {
+// A checkpoint's client state: the trainer's keys, the data position a resume skips to and the
+// guardian's state.
+nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, GuardedRun* guard, int64_t epoch,
+                                int64_t batch) {
   nlohmann::json state = settings.client_state ? settings.client_state() : nlohmann::json::object();
-  DSCHAT_CHECK(state.is_object() && !state.contains("epoch") && !state.contains("batch"), InvalidArgument,
-               "SupervisedLoop: client_state must be a JSON object without the loop's keys 'epoch' and 'batch', "
-               "got ", state.dump());
+  DSCHAT_CHECK(state.is_object() && !state.contains("epoch") && !state.contains("batch") && !state.contains("guardian"),
+               InvalidArgument, "SupervisedLoop: client_state must be a JSON object without the loop's keys 'epoch', "
+               "'batch' and 'guardian', got ", state.dump());
   state["epoch"] = epoch;
   state["batch"] = batch;
+  if (guard) state["guardian"] = guard->guardian().state();
   return state;
 }
 
@@ -32,12 +37,22 @@ void evaluate(const SupervisedLoopSettings& settings, EvaluationPoint point, int
   if (settings.evaluate) settings.evaluate(EvaluationRequest{point, epoch, step});
 }
 
+// The guardian asked to stop or roll back at `step` (thrown out of the epoch to the loop, which
+// acts on it where the position is known).
+struct GuardianAlarm {
+  monitor::GuardianAction action = monitor::GuardianAction::kOff;
+  int64_t step = 0;
+  std::string cause;
+  nlohmann::json window;  // the offending step's micro-batches: {"epoch", "begin", "end"}
+};
+
 // The micro-batch losses of one epoch, left on the device until a read point; then one copy
 // brings them to the host, where they are summed in micro-batch order exactly as an immediate
 // `loss.item<double>()` each would have been, and the reports of the steps ended since run.
 class EpochLosses {
  public:
-  EpochLosses(int64_t gas, monitor::Progress& progress) : gas_(static_cast<double>(gas)), progress_(progress) {}
+  EpochLosses(int64_t gas, monitor::Progress& progress, GuardedRun* guard, bool uses_loss_scaling)
+      : gas_(static_cast<double>(gas)), progress_(progress), guard_(guard), uses_loss_scaling_(uses_loss_scaling) {}
 
   void add(const torch::Tensor& loss) {
     unread_.push_back(loss.detach());  // []
@@ -45,25 +60,49 @@ class EpochLosses {
   }
 
   // The step `done` ends the window of the losses added so far; `report` runs at the next read.
-  void end_window(const OptimizerStepDone& done, StepReport report) {
-    pending_.push_back(PendingStep{done, unread_.size(), std::move(report)});
+  void end_window(const OptimizerStepDone& done, StepReport report, nlohmann::json window) {
+    pending_.push_back(PendingStep{done, unread_.size(), std::move(report), std::move(window)});
   }
 
-  // The one host read: every unread loss, then the pending reports in step order.
+  // The one host read: every unread loss, then the pending reports in step order, each step
+  // checked by the guardian. Throws GuardianAlarm (on every rank alike) for a stop or rollback.
   void read() {
     if (unread_.empty() && pending_.empty()) return;
     const std::vector<double> values = read_to_host(unread_);
     size_t next = 0;
+    std::vector<double> window_losses;  // one per pending step, this rank's
     for (PendingStep& step : pending_) {
       for (; next < step.losses_before; ++next) accumulate(values[next]);
       step.done.window_loss = window_loss_;
-      const std::string extra = step.report ? step.report(step.done) : std::string();
-      progress_.update(step.done.step, extra);
+      window_losses.push_back(window_loss_);
       window_loss_ = 0.0;
     }
     for (; next < values.size(); ++next) accumulate(values[next]);
+    if (guard_) window_losses = guard_->mean_over_ranks(window_losses);
+    std::optional<GuardianAlarm> alarm;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const PendingStep& step = pending_[i];
+      const std::string extra = step.report ? step.report(step.done) : std::string();
+      progress_.update(step.done.step, extra);
+      if (!guard_ || alarm) continue;
+      monitor::StepFigures figures;
+      figures.step = step.done.step;
+      figures.loss = window_losses[i];
+      if (!uses_loss_scaling_) figures.grad_norm = step.done.grad_norm;
+      const monitor::GuardianVerdict verdict = guard_->guardian().observe(figures);
+      if (verdict.action >= monitor::GuardianAction::kStop) {
+        alarm = GuardianAlarm{verdict.action, step.done.step, verdict.cause(), step.window};
+      }
+    }
+    const int64_t last_step = pending_.empty() ? 0 : pending_.back().done.step;
     unread_.clear();
     pending_.clear();
+    if (!guard_) return;
+    const monitor::GuardianAction agreed = guard_->agree(alarm ? alarm->action : monitor::GuardianAction::kOff);
+    if (agreed < monitor::GuardianAction::kStop) return;
+    if (!alarm) alarm = GuardianAlarm{agreed, last_step, "another rank's verdict", nullptr};
+    alarm->action = agreed;
+    throw *alarm;
   }
 
   int64_t trained() const { return trained_; }
@@ -75,6 +114,7 @@ class EpochLosses {
     OptimizerStepDone done;
     size_t losses_before = 0;  // unread losses up to this step's window end
     StepReport report;
+    nlohmann::json window;
   };
 
   void accumulate(double value) {
@@ -84,22 +124,43 @@ class EpochLosses {
 
   double gas_;
   monitor::Progress& progress_;
+  GuardedRun* guard_;
+  bool uses_loss_scaling_;  // fp16: a skipped step is an overflow, not a fault
   std::vector<torch::Tensor> unread_;  // each [], on the loss's device
   std::vector<PendingStep> pending_;
   int64_t trained_ = 0;
   double loss_sum_ = 0.0, window_loss_ = 0.0;
 };
 
+// The loop's hold on the data and the engine, shared by the epoch and the guardian's actions.
+struct LoopState {
+  const SupervisedLoopSettings& settings;
+  StepRunner& runner;
+  engine::TrainingEngine& engine;
+  GuardedRun* guard;  // null: no guardian
+
+  void save(engine::AsyncCheckpointWriter* background, int64_t epoch, int64_t batch) {
+    engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, guard, epoch, batch), background);
+  }
+  void snapshot(int64_t epoch, int64_t batch) {
+    guard->take_snapshot(engine.global_steps(), [&](const std::filesystem::path& dir, const std::string& tag) {
+      engine.save_checkpoint(dir, tag, checkpoint_state(settings, guard, epoch, batch), nullptr);
+    });
+  }
+};
+
 // One epoch from micro-batch `skip` on (the ones before were consumed before a resume).
-void run_epoch(const SupervisedLoopSettings& settings, StepRunner& runner, engine::TrainingEngine& engine,
-               monitor::Progress& progress, SupervisedEpoch& data, int64_t epoch, int64_t skip) {
+void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& data, int64_t epoch, int64_t skip) {
+  const SupervisedLoopSettings& settings = loop.settings;
+  engine::TrainingEngine& engine = loop.engine;
   const int64_t read_interval = std::max<int64_t>(settings.progress_interval, 1);
-  EpochLosses losses(engine.config().gradient_accumulation_steps, progress);
-  int64_t batch_index = 0;
+  EpochLosses losses(engine.config().gradient_accumulation_steps, progress, loop.guard, engine.uses_loss_scaling());
+  int64_t batch_index = 0, window_begin = skip;
   auto window_start = core::SteadyClock::now();
   while (data.next()) {
     // Fetched anyway: the skipped batches are collated so the epoch's order is the one they had.
     if (batch_index++ < skip) continue;
+    if (loop.guard && skipped_prompt_batch(loop.guard->guardian(), epoch, batch_index - 1)) continue;
     torch::Tensor loss = data.loss();  // []
     engine.backward(loss);
     losses.add(loss);
@@ -112,14 +173,21 @@ void run_epoch(const SupervisedLoopSettings& settings, StepRunner& runner, engin
     engine.step();
     if (!boundary) continue;
     OptimizerStepDone done{epoch, batch_index, engine.global_steps(), core::seconds_since(window_start), 0.0,
-                           engine.learning_rates()};
-    losses.end_window(done, data.step_report ? data.step_report() : StepReport());
+                           engine.learning_rates(), engine.last_grad_norm()};
+    losses.end_window(done, data.step_report ? data.step_report() : StepReport(),
+                      {{"epoch", epoch}, {"begin", std::min(window_begin, batch_index - 1)}, {"end", batch_index}});
+    window_begin = batch_index;
     const bool evaluate_now = settings.eval_interval > 0 && done.step % settings.eval_interval == 0;
-    if (evaluate_now || done.step % read_interval == 0) losses.read();
+    const bool snapshot_now = loop.guard && loop.guard->snapshot_due(done.step);
+    // The guardian checks every step before a checkpoint or a snapshot holds it.
+    if (evaluate_now || snapshot_now || done.step % read_interval == 0 || loop.runner.checkpoint_due(done.step)) {
+      losses.read();
+    }
+    if (snapshot_now) loop.snapshot(epoch, batch_index);
     if (evaluate_now) evaluate(settings, EvaluationPoint::kInterval, epoch, done.step);
-    runner.after_optimizer_step(done.step, [&](engine::AsyncCheckpointWriter* background) {
+    loop.runner.after_optimizer_step(done.step, [&](engine::AsyncCheckpointWriter* background) {
       losses.read();  // the reports of the steps before a checkpoint (and a Ctrl-C) are never lost
-      engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch, batch_index), background);
+      loop.save(background, epoch, batch_index);
     });
     window_start = core::SteadyClock::now();
   }
@@ -153,6 +221,8 @@ void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t se
 
 void SupervisedLoopSettings::use_step_config(const CommonStepConfig& common, const StepContext& context) {
   epochs = common.num_train_epochs;
+  guardian = common.guardian;
+  seed = common.seed;
   progress_interval = common.print_interval;
   plain_progress = !context.progress;
 }
@@ -162,6 +232,11 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   DSCHAT_CHECK(settings.save_model && begin_epoch, InvalidArgument,
                "SupervisedLoop: save_model and the epoch source are required");
   DSCHAT_CHECK(settings.epochs >= 0, InvalidArgument, "SupervisedLoop: epochs is ", settings.epochs);
+  std::optional<GuardedRun> guard;
+  if (settings.guardian.enabled) {
+    guard.emplace(settings.guardian, runner.name(), runner, settings.metrics, engine.communicator());
+  }
+  LoopState loop{settings, runner, engine, guard ? &*guard : nullptr};
   int64_t start_epoch = 0, skip = 0;
   if (runner.prepare_resume()) {
     ResumePoint at;
@@ -171,26 +246,62 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     at.micro_batch = at.client_state.at("batch").get<int64_t>();
     start_epoch = at.epoch;
     skip = at.micro_batch;
+    if (guard && at.client_state.contains("guardian")) guard->guardian().load_state(at.client_state.at("guardian"));
+    at.client_state.erase("guardian");
     if (settings.on_resume) settings.on_resume(at);
   } else {
     evaluate(settings, EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
   }
+  // The state a first rollback returns to: the start (or the resumed position).
+  if (guard && guard->snapshot_due(engine.global_steps())) loop.snapshot(start_epoch, skip);
 
   monitor::Progress progress(settings.progress_label, settings.progress_total, settings.progress_interval,
                              settings.plain_progress);
-  for (int64_t epoch = start_epoch; epoch < settings.epochs; ++epoch) {
-    SupervisedEpoch data = begin_epoch(epoch);
-    core::log_info("Beginning of Epoch ", epoch + 1, "/", settings.epochs, ", Total Micro Batches ",
-                   data.micro_batches);
-    run_epoch(settings, runner, engine, progress, data, epoch, skip);
-    skip = 0;
-    evaluate(settings, EvaluationPoint::kEpochEnd, epoch, engine.global_steps());
-    // Only where no accumulation window is open: a window running on into the next epoch has
-    // gradients a checkpoint does not hold; the resume then starts from the last periodic one.
-    if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
-      runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) {
-        engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, epoch + 1, 0), background);
-      });
+  for (bool done = false; !done;) {
+    try {
+      for (int64_t epoch = start_epoch; epoch < settings.epochs; ++epoch) {
+        SupervisedEpoch data = begin_epoch(epoch);
+        core::log_info("Beginning of Epoch ", epoch + 1, "/", settings.epochs, ", Total Micro Batches ",
+                       data.micro_batches);
+        run_epoch(loop, progress, data, epoch, skip);
+        skip = 0;
+        evaluate(settings, EvaluationPoint::kEpochEnd, epoch, engine.global_steps());
+        // Only where no accumulation window is open: a window running on into the next epoch has
+        // gradients a checkpoint does not hold; the resume then starts from the last periodic one.
+        if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
+          runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) { loop.save(background, epoch + 1, 0); });
+        }
+      }
+      done = true;
+    } catch (const GuardianAlarm& alarm) {
+      const bool rolled_back =
+          alarm.action == monitor::GuardianAction::kRollback &&
+          guard->roll_back(alarm.step, alarm.cause, alarm.window,
+                           [&](const std::filesystem::path& dir, const std::string& tag) {
+                             const nlohmann::json state = engine.load_checkpoint(dir, tag);
+                             start_epoch = state.at("epoch").get<int64_t>();
+                             skip = state.at("batch").get<int64_t>();
+                           },
+                           {&engine});
+      if (!rolled_back) {
+        const std::string why = alarm.action == monitor::GuardianAction::kStop
+                                    ? "its action is stop"
+                                    : "no rollback is left (guardian.max_rollbacks " +
+                                          std::to_string(settings.guardian.max_rollbacks) + ")";
+        core::log_warn(runner.name(), ": guardian: stopping at step ", alarm.step, " (", alarm.cause, "; ", why, ")");
+        // A checkpoint of where the run stands, for inspection or a resume with other settings.
+        if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
+          const int64_t epoch = alarm.window.is_object() ? alarm.window.value("epoch", int64_t{0}) : start_epoch;
+          const int64_t batch = alarm.window.is_object() ? alarm.window.value("end", int64_t{0}) : 0;
+          runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) { loop.save(background, epoch, batch); },
+                                 /*wait=*/true);
+        }
+        throw monitor::GuardianStop(runner.name() + ": the guardian stopped the run at optimizer step " +
+                                    std::to_string(alarm.step) + " (" + alarm.cause + "; " + why +
+                                    "); the checkpoints are in " + runner.checkpoint_dir().string());
+      }
+      runner.supersede_checkpoints_after(engine.global_steps());
+      if (settings.guardian.reseed) torch::manual_seed(settings.seed + guard->guardian().seed_offset());
     }
   }
   progress.finish();
@@ -202,6 +313,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   // resumes from it rather than from the one before.
   runner.wait_for_checkpoints();
   settings.save_model();
+  if (guard) guard->finish();
   runner.finish();
 }
 

@@ -524,7 +524,7 @@ TEST_F(SupervisedLoopTest, RefusesAClientStateThatWouldOverwriteThePosition) {
   RunOptions options;
   options.checkpoint_interval = 1;
   options.extra_client_state = {{"batch", 99}};
-  EXPECT_THROW_WITH(run("clash", options), core::InvalidArgument, "'epoch' and 'batch'");
+  EXPECT_THROW_WITH(run("clash", options), core::InvalidArgument, "'epoch', 'batch' and 'guardian'");
 }
 
 }  // namespace

@@ -79,6 +79,13 @@ TEST(TrainPipeline, TinyRunWritesTheLayoutAndEveryStepLoads) {
   EXPECT_LT(summary(tmp / "out/actor").at("eval_loss_after").get<double>(),
             summary(tmp / "out/actor").at("eval_loss_before").get<double>());
   EXPECT_EQ(summary(tmp / "out/step3").at("steps").get<int64_t>(), 6);  // 48 prompts / 8
+  // Step 3 ran behind the reward gate (action "warn" here: tiny_pipeline.h), which wrote its report.
+  EXPECT_NE(out.find("reward-model diagnostics over"), std::string::npos) << out;
+  const nlohmann::json gate = core::read_json_file((tmp / "out/step3_logs/reward_gate.json").string());
+  EXPECT_TRUE(gate.at("ran").get<bool>()) << gate.dump(2);
+  EXPECT_EQ(gate.at("action"), "warn");
+  EXPECT_EQ(gate.at("checks").size(), 3u) << gate.dump(2);
+  EXPECT_GT(gate.at("diagnostics").at("pairs").get<int64_t>(), 0);
   // A second run finds every step finished and redoes nothing.
   ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
   for (int step = 1; step <= 3; ++step) {

@@ -1,6 +1,7 @@
 // `dschat train` (the three steps; with no arguments the embedded demo), `dschat sft|rm|ppo|dpo|grpo
 // --config F` (one step from a config file in the `dschat train` format), `dschat eval-rm`.
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
+#include <fstream>
 #include <iostream>
 
 #include "app/demo_report.h"
@@ -13,6 +14,7 @@
 #include "dschat/core/error.h"
 #include "dschat/rlhf/pipeline.h"
 #include "dschat/rlhf/ppo_trainer.h"
+#include "dschat/rlhf/reward_diagnostics.h"
 #include "dschat/rlhf/reward_trainer.h"
 #include "dschat/rlhf/sft_trainer.h"
 
@@ -108,7 +110,37 @@ struct EvalRmFlags {
   rlhf::DataConfig data;
   int64_t max_seq_len = 512, batch_size = 16;
   std::optional<int64_t> num_padding_at_beginning;
+  rlhf::RewardDiagnosticsOptions diagnostics;
+  std::string json;  // "" : none; "-" : stdout, after the table
 };
+
+// `dschat eval-rm`: DS-Chat's evaluation line (what scripts grep), then the diagnostics table.
+void run_eval_rm(const EvalRmFlags& e) {
+  rlhf::StepContext context;
+  context.local_rank = app::launcher_local_rank();
+  const torch::Device device = core::resolve_device(e.device, "--device", context.local_rank);
+  context.communicator = app::communicator_from_environment(device);
+  context.tokenizer_dir = e.tokenizer;
+  rlhf::RewardDiagnosticsOptions options = e.diagnostics;
+  options.max_seq_len = e.max_seq_len;
+  options.batch_size = e.batch_size;
+  const rlhf::RewardDiagnostics d =
+      rlhf::diagnose_reward_model_on_data(e.model, e.data, e.num_padding_at_beginning, options, context, device);
+  if (d.pairs == 0) throw core::InvalidArgument(e.model + ": the data's phase-2 eval split is empty");
+  if (!is_rank0(context)) return;
+  std::cout << "pairs: " << d.pairs << ", chosen_last_scores (higher is better) : " << d.chosen_score
+            << ", rejected_last_scores (lower is better) : " << d.rejected_score
+            << ", acc (higher is better) : " << d.accuracy << "\n"
+            << rlhf::format_reward_diagnostics(d);
+  if (e.json == "-") {
+    std::cout << d.to_json().dump(2) << "\n";
+  } else if (!e.json.empty()) {
+    std::ofstream file(e.json);
+    file << d.to_json().dump(2) << "\n";
+    if (!file) throw core::IoError(e.json + ": cannot write the diagnostics JSON");
+  }
+  std::cout << std::flush;
+}
 
 }  // namespace
 
@@ -152,7 +184,9 @@ void add_train_commands(CLI::App& app) {
                    "with reward-model, verifier, program or callback rewards, from step 1's model");
 
   auto e = std::make_shared<EvalRmFlags>();
-  auto* eval = app.add_subcommand("eval-rm", "Reward-model accuracy and mean scores on a dataset's phase-2 eval split");
+  auto* eval = app.add_subcommand(
+      "eval-rm", "Reward-model accuracy, mean scores and diagnostics (length bias, calibration, clipping, padding and "
+                 "truncation probes) on a dataset's phase-2 eval split");
   eval->add_option("--model", e->model, "Reward model directory (rwtransformer.* + v_head.weight)")->required();
   eval->add_option("--data-path", e->data.data_path, "Datasets (default Dahoas/rm-static)");
   eval->add_option("--data-split", e->data.data_split, "DeepSpeed-Chat's phase split")->capture_default_str();
@@ -163,20 +197,21 @@ void add_train_commands(CLI::App& app) {
   eval->add_option("--batch-size", e->batch_size, "Pairs per batch")->capture_default_str();
   eval->add_option("--num-padding-at-beginning", e->num_padding_at_beginning,
                    "DS-Chat's value (default: derived from the tokenizer)");
-  eval->callback([e] {
-    rlhf::StepContext context;
-    context.local_rank = app::launcher_local_rank();
-    const torch::Device device = core::resolve_device(e->device, "--device", context.local_rank);
-    context.communicator = app::communicator_from_environment(device);
-    context.tokenizer_dir = e->tokenizer;
-    const rlhf::RewardEvaluation r = rlhf::evaluate_reward_model_on_data(
-        e->model, e->data, e->max_seq_len, e->batch_size, e->num_padding_at_beginning, context, device);
-    if (is_rank0(context)) {
-      std::cout << "pairs: " << r.pairs << ", chosen_last_scores (higher is better) : " << r.chosen_score
-                << ", rejected_last_scores (lower is better) : " << r.rejected_score
-                << ", acc (higher is better) : " << r.accuracy << "\n";
-    }
-  });
+  eval->add_option("--json", e->json, "Also write the diagnostics as JSON to this file ('-': stdout, after the table)");
+  eval->add_option("--clip-reward-value", e->diagnostics.clip_reward_value,
+                   "PPO's clip_reward_value: the table reports the share of scores beyond it")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  eval->add_option("--filler", e->diagnostics.filler, "The padding probe's filler text, inserted before the eos")
+      ->capture_default_str();
+  eval->add_option("--filler-ratio", e->diagnostics.filler_ratio,
+                   "Filler tokens added per answer token by the padding probe")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  eval->add_option("--max-pairs", e->diagnostics.max_pairs, "Evaluate only the split's first N pairs (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  eval->callback([e] { run_eval_rm(*e); });
 }
 
 }  // namespace cli

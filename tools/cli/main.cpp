@@ -1,10 +1,12 @@
 // `dschat`: the command-line front end of libdschat. Errors from the library are printed on
-// stderr as one line "dschat: error: <message>" with exit status 1; usage errors exit with 2.
+// stderr as one line "dschat: error: <message>" with exit status 1; usage errors exit with 2; a
+// run the training guardian stopped (after saving a checkpoint) exits with 3; Ctrl-C with 130.
 #include <iostream>
 
 #include "commands.h"
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
+#include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/step_context.h"
 
 int main(int argc, char** argv) {
@@ -30,6 +32,9 @@ int main(int argc, char** argv) {
   } catch (const dschat::rlhf::Interrupted& e) {  // a stop request, answered with a saved checkpoint
     std::cerr << "dschat: " << e.what() << "\n";
     return 130;
+  } catch (const dschat::monitor::GuardianStop& e) {  // a failing run, stopped with a checkpoint
+    std::cerr << "dschat: " << e.what() << "\n";
+    return 3;
   } catch (const dschat::core::Error& e) {
     std::cerr << "dschat: error: " << e.what() << "\n";
     return 1;

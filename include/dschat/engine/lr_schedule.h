@@ -71,6 +71,11 @@ class LrScheduler {
   /// Writes current_lrs() into the optimizer's group lrs (sizes must match: InvalidArgument).
   void apply(std::vector<double>& group_lrs) const;
 
+  /// Multiplies every group's base learning rate (the guardian's rollback); kept in checkpoints.
+  void scale_base_lrs(double factor) {
+    for (double& lr : base_lrs_) lr *= factor;
+  }
+
   const LrSchedule& schedule() const { return schedule_; }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 

@@ -114,10 +114,16 @@ class TrainingEngine {
   int64_t global_steps() const { return global_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   double loss_scale() const { return scaler_.scale(); }
+  /// fp16 with dynamic loss scaling: non-finite gradients are routine overflows, skipped and
+  /// answered by a lower scale, not faults.
+  bool uses_loss_scaling() const { return scaler_.checks_overflow(); }
   /// L2 norm of the unscaled gradients at the last boundary (-1 when they were not finite). A
   /// host value: the step reads the squared norm to the host once anyway, to decide on the skip.
   double last_grad_norm() const { return last_grad_norm_; }
   std::vector<double> learning_rates() const;
+  /// Multiplies every group's learning rate by `factor` from now on (the schedule's base rates,
+  /// so warmup and decay keep their shape; saved in checkpoints). The guardian's rollback.
+  void scale_learning_rates(double factor);
   /// Bytes this rank holds for optimizer state (Adam moments) and fp32 master copies.
   int64_t optimizer_state_bytes() const { return memory_footprint().optimizer_bytes; }
   /// What this rank holds now for the trainable and frozen parameters of the module (model

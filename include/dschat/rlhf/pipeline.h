@@ -4,7 +4,8 @@
 // "pipeline": "sft-dpo" step 1 then DPO as step 2 (<out>/actor -> <out>/dpo), or with
 // "sft-grpo" | "sft-rloo" | "sft-reinforce_pp" step 1 then the critic-free step (<out>/grpo), with
 // DeepSpeed-Chat's e2e_rlhf.py banners and durations. A finished step (its output directory holds
-// training_summary.json) is skipped; an interrupted one resumes from its checkpoints.
+// training_summary.json) is skipped; an interrupted one resumes from its checkpoints. Before step 3
+// the reward gate (reward_gate.h: step3.reward_gate) checks step 2's reward model, and may refuse.
 #include <optional>
 #include <string>
 

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/reward_source_config.h"
 
@@ -82,6 +83,9 @@ struct CommonStepConfig {
   bool async_checkpoint = true;
   /// Ours: print a progress line every this many optimizer steps (DS-Chat: every step).
   int64_t print_interval = 1;
+  /// Ours: the training-health guardian's signals and actions (the "guardian" block,
+  /// docs/guardian.md).
+  monitor::GuardianConfig guardian;
 };
 
 struct SftConfig {
@@ -142,6 +146,16 @@ struct ExperienceSampling {
   double top_p = 1.0;
 };
 
+/// Step 3's check of the reward model before PPO starts (reward_gate.h): the diagnostics of
+/// reward_diagnostics.h on step 2's eval split, against these limits ("reward_gate": {...}).
+struct RewardGateConfig {
+  std::string action = "refuse";      // refuse (ConfigError) | warn (log and train) | off (not run)
+  double min_accuracy = 0.55;         // accuracy below this fails
+  double max_length_bias = 0.5;       // Pearson r(score, answer tokens) above this fails
+  double max_padding_win_rate = 0.5;  // share of pairs that filler padding scores higher, above this fails
+  int64_t max_pairs = 0;              // pairs evaluated (the split's first ones); 0: all
+};
+
 struct PpoConfig {
   std::string actor_model_name_or_path;   // required (step-1 output)
   std::string critic_model_name_or_path;  // required (step-2 output)
@@ -179,6 +193,7 @@ struct PpoConfig {
   int64_t min_answer_tokens = kMinAnswerTokens;
   PpoConstants constants;      // "kl_ctl", "clip_reward_value", "cliprange", "cliprange_value", "gamma", "lam"
   ExperienceSampling sampling;  // "experience_sampling": {...}
+  RewardGateConfig reward_gate;  // "reward_gate": {...}
   std::string output_dir;
 };
 

@@ -22,6 +22,7 @@ struct PpoStepStats {
   torch::Tensor kl;                  // masked mean of logprob - ref_logprob over answer actions
   torch::Tensor mean_reward;         // mean reward-model score of the slice
   torch::Tensor mean_answer_tokens;  // float64
+  torch::Tensor entropy;             // the actor's mean token entropy (nats) over answer actions
 };
 
 /// Targets (no grad), then actor forward/backward/step, then critic forward/backward/step. With
@@ -40,6 +41,7 @@ struct PpoStepMeans {
   double actor_loss = 0.0, critic_loss = 0.0;
   double actor_clip_fraction = 0.0, critic_clip_fraction = 0.0;
   double kl = 0.0, mean_reward = 0.0, mean_answer_tokens = 0.0;
+  double entropy = 0.0;
   double unsup_loss = 0.0;
   int64_t micro_steps = 0;
 };
@@ -59,7 +61,7 @@ class PpoStatsQueue {
 
  private:
   struct Step {
-    std::vector<torch::Tensor> micro;  // each [7] float64: the PpoStepStats fields in order
+    std::vector<torch::Tensor> micro;  // each [kFields] float64: the PpoStepStats fields in order
     std::vector<torch::Tensor> unsup;  // each [1] float64
   };
   std::vector<Step> steps_;

@@ -9,6 +9,7 @@
 // Layout for a step whose output is <dir> (e.g. <out>/actor):
 //   <dir>_checkpoints/            training checkpoints (engine format, `latest` pointer)
 //   <dir>_logs/                   metrics.jsonl and TensorBoard events (kept: `dschat plot`)
+//   <dir>_guardian/               the guardian's last healthy snapshot (removed at the end)
 //   <dir>/                        the finished Hugging Face model, renamed into place at the end,
 //   <dir>/training_summary.json   with the step's figures: its presence means "step finished"
 // so an interrupted step leaves <dir> absent (or the previous run's) and resumes from
@@ -44,6 +45,8 @@ class StepRunner {
 
   const std::filesystem::path& checkpoint_dir() const { return checkpoint_dir_; }
   const std::filesystem::path& log_dir() const { return log_dir_; }
+  /// <dir>_guardian: the guardian's snapshots of a healthy state (rlhf/guarded_run.h).
+  const std::filesystem::path& guardian_dir() const { return guardian_dir_; }
   /// Whether a checkpoint to resume from exists (in checkpoint_dir()/<part> when the step keeps
   /// several engines' checkpoints, as step 3 does).
   bool can_resume(const std::string& part = "") const;
@@ -56,6 +59,8 @@ class StepRunner {
   /// save function. Saves every checkpoint_interval steps; on a stop request saves, waits for
   /// the write and throws Interrupted.
   void after_optimizer_step(int64_t optimizer_steps, const SaveFunction& save);
+  /// Whether after_optimizer_step(optimizer_steps, ...) will save (a stop request, or the interval).
+  bool checkpoint_due(int64_t optimizer_steps) const;
   /// Collective: waits for the previous save, then saves (asynchronously unless async_checkpoint
   /// is off, or `wait` asks to finish the write before returning).
   void save_checkpoint(const SaveFunction& save, bool wait = false);
@@ -87,6 +92,14 @@ class StepRunner {
   /// tags from every part (rank 0 deletes, then a barrier).
   void retain_checkpoints();
 
+  /// Collective, after a guardian rollback restored the state of `global_steps` (the first part's
+  /// engine's count): the checkpoints saved after it belong to the abandoned trajectory and are
+  /// moved aside as <tag>.superseded (as --resume-from does), `latest` pointing at the newest
+  /// remaining one, so a later resume continues the run as it goes on now.
+  void supersede_checkpoints_after(int64_t global_steps);
+
+  const std::string& name() const { return name_; }
+
   /// Removes the checkpoints once the model and its summary are in place, after waiting for the
   /// pending writes (rank 0 removes; collective).
   void finish();
@@ -104,6 +117,7 @@ class StepRunner {
   std::string name_;
   std::filesystem::path checkpoint_dir_;
   std::filesystem::path log_dir_;
+  std::filesystem::path guardian_dir_;
   CommonStepConfig common_;
   const StepContext& context_;
   std::vector<std::string> parts_{""};

@@ -16,6 +16,12 @@
 //   * evaluations before training (not when resuming), after every epoch, and once more when a
 //     run resumes after its last epoch; a checkpoint at every epoch end that leaves no
 //     accumulation window open (a window may run on into the next epoch);
+//   * the guardian (monitor/guardian.h, docs/guardian.md), when `guardian.enabled`: at every read
+//     point each step's loss (all ranks' mean) and gradient norm are checked; a healthy step that
+//     is a multiple of snapshot_interval is snapshotted (rlhf/guarded_run.h; a read is forced
+//     there); a rollback restores the snapshot, skips (or retries) the offending step's
+//     micro-batches, lowers the learning rate, reseeds and goes on; a stop saves a checkpoint and
+//     throws monitor::GuardianStop. Its state travels in the checkpoints' "guardian" key;
 //   * the end: save_model (the trainer's final save), then runner.finish() drops the checkpoints.
 //
 //   rlhf::SupervisedLoop<data::SftBatch> loop;
@@ -42,6 +48,8 @@
 #include "dschat/core/model_config.h"
 #include "dschat/data/epoch_batches.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/monitor/guardian.h"
+#include "dschat/monitor/metrics_log.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "dschat/rlhf/step_context.h"
 #include "dschat/rlhf/step_runner.h"
@@ -74,6 +82,7 @@ struct OptimizerStepDone {
   // running on into the next epoch counts only those); not all-reduced.
   double window_loss = 0.0;
   std::vector<double> learning_rates;  // engine.learning_rates() right after the step
+  double grad_norm = 0.0;              // engine.last_grad_norm() (-1: non-finite, the step was skipped)
 };
 
 /// Reports one optimizer step (metrics rows, the throughput line) and returns the text after the
@@ -114,9 +123,21 @@ struct SupervisedLoopSettings {
   int64_t progress_interval = 1;
   bool plain_progress = false;
 
-  /// epochs, progress_interval and plain_progress from a step's config (num_train_epochs,
-  /// print_interval) and context (progress bars or plain lines).
+  /// The training-health guardian (off unless set; use_step_config takes the step's, which is on
+  /// by default) and where its events are written besides the console (null: nowhere).
+  monitor::GuardianConfig guardian = disabled_guardian();
+  monitor::MetricsLog* metrics = nullptr;
+  /// The base of the seeds a rollback draws anew (guardian.reseed): the step's seed.
+  uint64_t seed = 1234;
+
+  /// epochs, progress_interval, plain_progress, guardian and seed from a step's config
+  /// (num_train_epochs, print_interval, guardian, seed) and context (progress bars or plain lines).
   void use_step_config(const CommonStepConfig& common, const StepContext& context);
+  static monitor::GuardianConfig disabled_guardian() {
+    monitor::GuardianConfig off;
+    off.enabled = false;
+    return off;
+  }
 
   /// Evaluates and reports (log lines, metrics rows) at the request's point.
   std::function<void(const EvaluationRequest&)> evaluate;
@@ -159,7 +180,8 @@ std::vector<double> read_to_host(const std::vector<torch::Tensor>& scalars);
 
 /// Runs the loop (see the file comment). Collective when the engine is: every rank runs it with
 /// the same number of micro-batches. Throws core::InvalidArgument for missing required hooks,
-/// a negative epoch count or a client state that is not an object or uses "epoch"/"batch";
+/// a negative epoch count or a client state that is not an object or uses "epoch"/"batch"/"guardian";
+/// monitor::GuardianStop when the guardian stops the run (after a checkpoint);
 /// Interrupted from runner.after_optimizer_step when stopped; whatever the hooks throw.
 void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& runner, engine::TrainingEngine& engine,
                          const std::function<SupervisedEpoch(int64_t epoch)>& begin_epoch);

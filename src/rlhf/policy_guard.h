@@ -1,0 +1,56 @@
+#pragma once
+// The guardian's part in the policy loops (step 3's PPO and the critic-free step): checking a
+// step's figures and, every heldout_interval steps, the held-out check (greedy answers to fixed
+// prompts, scored by the reward model or a named verifier); a stop or rollback leaves the step
+// as a PolicyAlarm that the trainer's outer loop catches, where it restores the snapshot or stops.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dschat/data/collate.h"
+#include "dschat/data/tokenized_dataset.h"
+#include "dschat/monitor/guardian.h"
+#include "dschat/rlhf/guarded_run.h"
+
+namespace dschat {
+namespace rlhf {
+
+/// The guardian asked to stop or roll back after `step`.
+struct PolicyAlarm {
+  monitor::GuardianAction action = monitor::GuardianAction::kOff;
+  int64_t step = 0;
+  std::string cause;
+  nlohmann::json skipped;  // the step's prompt batches: {"epoch", "begin", "end"}
+};
+
+/// The held-out prompts: the first `count` of the eval split (of train when eval is empty), the
+/// same on every rank; nullopt when count is 0 or there are none.
+std::optional<data::PromptBatch> heldout_prompt_batch(const data::TokenizedDataset& eval,
+                                                      const data::TokenizedDataset& train, int64_t count,
+                                                      int64_t pad_token_id, int64_t prompt_length,
+                                                      const torch::Device& device);
+
+/// Share of `answers` that another answer of the list equals (0 for fewer than two).
+double repeated_answer_share(const std::vector<std::string>& answers);
+
+/// Collective. Observes `figures` and, when the step is a multiple of heldout_interval and
+/// `heldout_score` is set, the held-out check; the ranks agree on the action. Throws PolicyAlarm
+/// for a stop or rollback.
+void check_policy_step(GuardedRun& guard, const monitor::StepFigures& figures,
+                       const std::function<double()>& heldout_score, const nlohmann::json& skipped);
+
+/// After a stop (asked, or a rollback that could not be made): saves a checkpoint with `save`
+/// (waiting for it) and throws monitor::GuardianStop naming the step, the signal and why.
+[[noreturn]] void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const PolicyAlarm& alarm,
+                                    const StepRunner::SaveFunction& save);
+
+/// Whether a rollback asked to skip batch `batch` of `epoch` (a prompt batch of the policy loops,
+/// a micro-batch of the supervised loop): the {"epoch", "begin", "end"} ranges it recorded.
+bool skipped_prompt_batch(const monitor::Guardian& guardian, int64_t epoch, int64_t batch);
+
+}  // namespace rlhf
+}  // namespace dschat
