@@ -111,15 +111,11 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   const auto save_state = [&](const fs::path& dir, const std::string& tag, int64_t epoch, int64_t next_batch,
                               engine::AsyncCheckpointWriter* background) {
     if (models.ema && rank == 0) save_ema_checkpoint(dir / "ema", tag, module_parameters(*models.ema), background);
-    const bool epoch_done = next_batch >= steps_per_epoch;
-    nlohmann::json state = {{"tag", tag},
-                            {"epoch", epoch_done ? epoch + 1 : epoch},
-                            {"batch", epoch_done ? 0 : next_batch},
-                            {"step", step},
-                            {"step_rewards", result.step_rewards},
-                            {"step_group_std", result.step_group_std},
-                            {"dropped_groups", result.dropped_groups},
-                            {"guardian", guard.guardian().state()}};
+    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard);
+    state["tag"] = tag;
+    state["step_rewards"] = result.step_rewards;
+    state["step_group_std"] = result.step_group_std;
+    state["dropped_groups"] = result.dropped_groups;
     models.actor->training_engine().save_checkpoint(dir / "actor", tag, state, background);
   };
   const auto snapshot = [&](int64_t epoch, int64_t next_batch, bool confirmed) {
@@ -127,13 +123,10 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
         step, [&](const fs::path& dir, const std::string& tag) { save_state(dir, tag, epoch, next_batch, nullptr); },
         confirmed);
   };
-  guard.set_confirmation_lag(1);  // a step's figures judge the weights of the step before
-  if (guard.snapshot_due(step)) snapshot(start_epoch, skip_batches, /*confirmed=*/true);
+  const std::optional<data::PromptBatch> heldout =
+      start_policy_guard(guard, step, [&](bool confirmed) { snapshot(start_epoch, skip_batches, confirmed); }, phase, pad,
+                         p_len, device);
   const monitor::GuardianConfig& guardian_config = config.common.guardian;
-  std::optional<data::PromptBatch> heldout;
-  if (guardian_config.enabled && guardian_config.heldout_interval > 0) {
-    heldout = heldout_prompt_batch(phase.eval, phase.train, guardian_config.heldout_prompts, pad, p_len, device);
-  }
 
   monitor::Progress progress(where, config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                              !context.progress);
@@ -247,19 +240,14 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
     } catch (const PolicyAlarm& alarm) {
       pool.clear();
       pool_batches = 0;
-      const bool rolled_back =
-          alarm.action == monitor::GuardianAction::kRollback &&
-          guard.roll_back(alarm.step, alarm.cause, alarm.skipped,
-                          [&](const fs::path& dir, const std::string& tag) { restore(dir, tag); },
-                          {&models.actor->training_engine()});
-      if (!rolled_back) {
-        stop_for_guardian(runner, guard, alarm, [&](engine::AsyncCheckpointWriter* background) {
-          save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),
-                     alarm.skipped.value("end", int64_t{0}), background);
-        });
-      }
-      runner.supersede_checkpoints_after(models.actor->training_engine().global_steps());
-      if (guardian_config.reseed) torch::manual_seed(config.common.seed + guard.guardian().seed_offset());
+      answer_policy_alarm(
+          alarm, guard, runner, [&](const fs::path& dir, const std::string& tag) { restore(dir, tag); },
+          {&models.actor->training_engine()},
+          [&](engine::AsyncCheckpointWriter* background) {
+            save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),
+                       alarm.skipped.value("end", int64_t{0}), background);
+          },
+          config.common.seed);
     }
   }
   core::HostSync end_sync("step end (save)");

@@ -20,6 +20,26 @@ std::optional<data::PromptBatch> heldout_prompt_batch(const data::TokenizedDatas
   return data::collate_prompts(source, items, pad_token_id, prompt_length).to(device, /*non_blocking=*/false);
 }
 
+nlohmann::json policy_position_state(int64_t epoch, int64_t next_batch, int64_t steps_per_epoch, int64_t step,
+                                     const GuardedRun& guard) {
+  const bool epoch_done = next_batch >= steps_per_epoch;
+  return {{"epoch", epoch_done ? epoch + 1 : epoch},
+          {"batch", epoch_done ? 0 : next_batch},
+          {"step", step},
+          {"guardian", guard.guardian().state()}};
+}
+
+std::optional<data::PromptBatch> start_policy_guard(GuardedRun& guard, int64_t step,
+                                                    const std::function<void(bool confirmed)>& snapshot,
+                                                    const data::PhaseData& phase, int64_t pad_token_id,
+                                                    int64_t prompt_length, const torch::Device& device) {
+  guard.set_confirmation_lag(1);  // a step's figures judge the weights of the step before
+  if (guard.snapshot_due(step)) snapshot(/*confirmed=*/true);
+  const monitor::GuardianConfig& c = guard.config();
+  if (!c.enabled || c.heldout_interval <= 0) return std::nullopt;
+  return heldout_prompt_batch(phase.eval, phase.train, c.heldout_prompts, pad_token_id, prompt_length, device);
+}
+
 double repeated_answer_share(const std::vector<std::string>& answers) {
   if (answers.size() < 2) return 0.0;
   std::map<std::string, int64_t> counts;
@@ -61,6 +81,16 @@ void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const Policy
   throw monitor::GuardianStop(runner.name() + ": the guardian stopped the run at optimizer step " +
                               std::to_string(alarm.step) + " (" + alarm.cause + "; " + why +
                               "); the checkpoints are in " + runner.checkpoint_dir().string());
+}
+
+void answer_policy_alarm(const PolicyAlarm& alarm, GuardedRun& guard, StepRunner& runner,
+                         const GuardedRun::LoadSnapshot& load, const std::vector<engine::TrainingEngine*>& engines,
+                         const StepRunner::SaveFunction& save_here, uint64_t seed) {
+  const bool rolled_back = alarm.action == monitor::GuardianAction::kRollback &&
+                           guard.roll_back(alarm.step, alarm.cause, alarm.skipped, load, engines);
+  if (!rolled_back) stop_for_guardian(runner, guard, alarm, save_here);
+  runner.supersede_checkpoints_after(engines.front()->global_steps());
+  if (guard.config().reseed) torch::manual_seed(seed + guard.guardian().seed_offset());
 }
 
 bool skipped_prompt_batch(const monitor::Guardian& guardian, int64_t epoch, int64_t batch) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/data/collate.h"
+#include "dschat/data/prompt_dataset.h"
 #include "dschat/data/tokenized_dataset.h"
 #include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/guarded_run.h"
@@ -34,6 +35,20 @@ std::optional<data::PromptBatch> heldout_prompt_batch(const data::TokenizedDatas
                                                       int64_t pad_token_id, int64_t prompt_length,
                                                       const torch::Device& device);
 
+/// A policy loop's checkpoint keys for the position after prompt batch `next_batch - 1` of
+/// `epoch` ({"epoch", "batch"}: the next epoch's start after its last batch), "step" and the
+/// guardian's state; the trainer adds its own keys.
+nlohmann::json policy_position_state(int64_t epoch, int64_t next_batch, int64_t steps_per_epoch, int64_t step,
+                                     const GuardedRun& guard);
+
+/// Starts the guard of a policy loop at `step` (0, or a resumed step): a confirmation lag of one
+/// step, the first snapshot (`snapshot(true)`: the state the run starts from is trusted), and the
+/// held-out prompts when the held-out check is on (nullopt otherwise).
+std::optional<data::PromptBatch> start_policy_guard(GuardedRun& guard, int64_t step,
+                                                    const std::function<void(bool confirmed)>& snapshot,
+                                                    const data::PhaseData& phase, int64_t pad_token_id,
+                                                    int64_t prompt_length, const torch::Device& device);
+
 /// Share of `answers` that another answer of the list equals (0 for fewer than two).
 double repeated_answer_share(const std::vector<std::string>& answers);
 
@@ -47,6 +62,14 @@ void check_policy_step(GuardedRun& guard, const monitor::StepFigures& figures,
 /// (waiting for it) and throws monitor::GuardianStop naming the step, the signal and why.
 [[noreturn]] void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const PolicyAlarm& alarm,
                                     const StepRunner::SaveFunction& save);
+
+/// A policy loop's answer to an alarm: a rollback (`load` restores the models and the position;
+/// `engines`, the first the checkpoint's primary, get the lowered learning rate; the checkpoints
+/// saved after the snapshot are superseded and the seeds redrawn from `seed`), or, for a stop or
+/// when no rollback can be made, stop_for_guardian with `save_here`.
+void answer_policy_alarm(const PolicyAlarm& alarm, GuardedRun& guard, StepRunner& runner,
+                         const GuardedRun::LoadSnapshot& load, const std::vector<engine::TrainingEngine*>& engines,
+                         const StepRunner::SaveFunction& save_here, uint64_t seed);
 
 /// Whether a rollback asked to skip batch `batch` of `epoch` (a prompt batch of the policy loops,
 /// a micro-batch of the supervised loop): the {"epoch", "begin", "end"} ranges it recorded.

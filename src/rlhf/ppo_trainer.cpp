@@ -19,6 +19,7 @@
 #include "dschat/monitor/collapse_warnings.h"
 #include "rlhf/memory_hint.h"
 #include "rlhf/policy_guard.h"
+#include "rlhf/ppo_reports.h"
 #include "dschat/rlhf/ppo_step.h"
 #include "dschat/rlhf/step_runner.h"
 #include "dschat/rlhf/step_setup.h"
@@ -30,140 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = core::SteadyClock;
 using core::seconds_since;
-
-// The answers of sequences [B, L] after their prompt columns as text, special tokens skipped
-// (the repeated-answer check): one copy of the answer block to the host.
-std::vector<std::string> decode_answers(const torch::Tensor& seq, int64_t prompt_length,
-                                        const tokenizer::Tokenizer& tokenizer) {
-  torch::Tensor answers = seq.slice(1, prompt_length).to(torch::kCPU).contiguous();  // [B, N]
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < answers.size(0); ++i) {
-    const int64_t* ids = answers[i].data_ptr<int64_t>();
-    out.push_back(tokenizer.decode(std::vector<int64_t>(ids, ids + answers.size(1)), true));
-  }
-  return out;
-}
-
-// Removes every "global_step*" entry of `dir` except `keep` (the checkpoints of earlier steps).
-// What a PPO step knows on the host when it ends; its statistics wait in the PpoStatsQueue.
-struct PendingPpoStep {
-  int64_t epoch = 0, step = 0;
-  int64_t progress_done = 0;  // prompt batches of the run done (the progress display's count)
-  double generate_seconds = 0.0, train_seconds = 0.0;
-  int64_t sequences = 0;      // trained on this rank
-  torch::Tensor last_seq;     // [B, L] the last experience's sequences (the repeated-answer check)
-  int64_t prompt_length = 0;
-  int64_t first_batch = 0, end_batch = 0;  // the step's prompt batches of its epoch: [first, end)
-  int64_t skipped_engine_steps = 0;        // actor and critic steps skipped for non-finite gradients
-};
-
-// The step reports of step 3 (log lines, metrics rows, collapse warnings, the progress display,
-// the result's reward history), written when the statistics are read: every print_interval
-// steps, before a checkpoint and at the end. Each step's lines and rows are those an immediate
-// read would have written; all-reduced as before, so every rank must read at the same steps.
-class PpoStepReports {
- public:
-  PpoStepReports(const PpoConfig& config, const StepContext& context, const tokenizer::Tokenizer& tokenizer,
-                 monitor::MetricsLog& metrics, monitor::Progress& progress, PpoResult& result, bool have_reward_ema,
-                 GuardedRun& guard, std::function<double()> heldout_score)
-      : config_(config), context_(context), tokenizer_(tokenizer), metrics_(metrics), progress_(progress),
-        result_(result), have_reward_ema_(have_reward_ema), guard_(guard), heldout_score_(std::move(heldout_score)),
-        collapse_(config.max_answer_seq_len, config.min_answer_tokens) {}
-
-  PpoStatsQueue& stats() { return stats_; }
-  // After a rollback: the unread statistics belong to the abandoned steps.
-  void restart(bool have_reward_ema) {
-    stats_.read();
-    pending_.clear();
-    have_reward_ema_ = have_reward_ema;
-  }
-  monitor::CollapseWatch& collapse() { return collapse_; }
-  void step_ended(PendingPpoStep step) { pending_.push_back(std::move(step)); }
-
-  // The one read of the queued statistics, then each pending step's report in order, each
-  // checked by the guardian (a stop or rollback throws PolicyAlarm, the later steps unreported).
-  void read() {
-    if (pending_.empty()) return;
-    core::HostSync sync("statistics (every print_interval)");
-    const std::vector<PpoStepMeans> means = stats_.read();
-    const std::vector<PendingPpoStep> pending = std::move(pending_);
-    pending_.clear();
-    DSCHAT_CHECK(means.size() == pending.size(), InvalidArgument, "PPO: ", means.size(), " steps of statistics for ",
-                 pending.size(), " steps");
-    for (size_t i = 0; i < means.size(); ++i) report(pending[i], means[i]);
-  }
-
- private:
-  void report(const PendingPpoStep& p, const PpoStepMeans& m) {
-    const double reward = all_reduce_mean(context_, m.mean_reward);
-    result_.reward_ema = have_reward_ema_ ? 0.9 * result_.reward_ema + 0.1 * reward : reward;
-    have_reward_ema_ = true;
-    result_.step_rewards.push_back(reward);
-    result_.mean_kl = all_reduce_mean(context_, m.kl);
-    const double actor_loss = all_reduce_mean(context_, m.actor_loss);
-    const double critic_loss = all_reduce_mean(context_, m.critic_loss);
-    const double unsup_loss = all_reduce_mean(context_, m.unsup_loss);
-    const double answer_len = all_reduce_mean(context_, m.mean_answer_tokens);
-    const int64_t world = context_world(context_);
-    const double seconds = p.generate_seconds + p.train_seconds;
-    const double seqs_per_second = static_cast<double>(p.sequences * world) / seconds;
-    const int64_t print_interval = config_.common.print_interval;
-    if (context_rank(context_) == 0 && print_interval > 0 && p.step % print_interval == 0) {
-      core::log_info("Epoch: ", p.epoch, " | Step: ", p.step, " | PPO Epoch: ", config_.ppo_epochs,
-                     " | Actor Loss: ", actor_loss, " | Critic Loss: ", critic_loss,
-                     " | Unsupervised Loss: ", unsup_loss);
-      core::log_info("End-to-End => Latency: ", seconds, "s, Generation: ", p.generate_seconds,
-                     "s, Training: ", p.train_seconds, "s, Samples/sec: ", seqs_per_second,
-                     ", Batch Size: ", p.sequences * world, ", Answer length: ", answer_len);
-      core::log_info("Average reward score: ", reward, " | EMA reward score: ", result_.reward_ema,
-                     " | KL: ", result_.mean_kl);
-    }
-    const bool mixture = !config_.data.unsupervised_dataset_name.empty();
-    metrics_.write("ppo", p.step, {{"reward", reward},
-                                   {"reward_ema", result_.reward_ema},
-                                   {"kl", result_.mean_kl},
-                                   {"actor_loss", actor_loss},
-                                   {"critic_loss", critic_loss},
-                                   {"unsup_loss", mixture ? unsup_loss : std::nan("")},
-                                   {"actor_clip_frac", all_reduce_mean(context_, m.actor_clip_fraction)},
-                                   {"critic_clip_frac", all_reduce_mean(context_, m.critic_clip_fraction)},
-                                   {"answer_len", answer_len},
-                                   {"gen_seconds", p.generate_seconds},
-                                   {"train_seconds", p.train_seconds},
-                                   {"seqs_per_sec", seqs_per_second}});
-    const std::vector<std::string> answers = decode_answers(p.last_seq, p.prompt_length, tokenizer_);
-    collapse_.observe_step(answer_len, result_.mean_kl, answers);
-    progress_.update(p.progress_done, "reward " + std::to_string(reward) + ", kl " + std::to_string(result_.mean_kl));
-
-    monitor::StepFigures health;
-    health.step = p.step;
-    // The value loss is positive, so a spike is measurable; a non-finite actor loss is reported too.
-    health.loss = std::isfinite(actor_loss) ? critic_loss : actor_loss;
-    if (p.skipped_engine_steps > 0) health.grad_norm = -1.0;
-    health.kl = result_.mean_kl;
-    health.entropy = all_reduce_mean(context_, m.entropy);
-    health.mean_answer_tokens = answer_len;
-    health.min_answer_tokens = config_.min_answer_tokens;
-    health.max_answer_tokens = config_.max_answer_seq_len;
-    health.repeated_share = all_reduce_mean(context_, repeated_answer_share(answers));
-    health.reward = reward;
-    check_policy_step(guard_, health, heldout_score_,
-                      {{"epoch", p.epoch}, {"begin", p.first_batch}, {"end", p.end_batch}});
-  }
-
-  const PpoConfig& config_;
-  const StepContext& context_;
-  const tokenizer::Tokenizer& tokenizer_;
-  monitor::MetricsLog& metrics_;
-  monitor::Progress& progress_;
-  PpoResult& result_;
-  bool have_reward_ema_;
-  GuardedRun& guard_;
-  std::function<double()> heldout_score_;  // empty: no held-out check
-  monitor::CollapseWatch collapse_;
-  PpoStatsQueue stats_;
-  std::vector<PendingPpoStep> pending_;
-};
 
 }  // namespace
 
@@ -257,15 +124,11 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                               engine::AsyncCheckpointWriter* background) {
     models.critic_engine->save_checkpoint(dir / "critic", tag, nlohmann::json::object(), background);
     if (models.ema && rank == 0) save_ema_checkpoint(dir / "ema", tag, module_parameters(*models.ema), background);
-    const bool epoch_done = next_batch >= steps_per_epoch;
-    nlohmann::json state = {{"tag", tag},
-                            {"epoch", epoch_done ? epoch + 1 : epoch},
-                            {"batch", epoch_done ? 0 : next_batch},
-                            {"step", step},
-                            {"reward_ema", result.reward_ema},
-                            {"step_rewards", result.step_rewards},
-                            {"skipped_batches", result.skipped_batches},
-                            {"guardian", guard.guardian().state()}};
+    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard);
+    state["tag"] = tag;
+    state["reward_ema"] = result.reward_ema;
+    state["step_rewards"] = result.step_rewards;
+    state["skipped_batches"] = result.skipped_batches;
     models.actor->training_engine().save_checkpoint(dir / "actor", tag, state, background);
   };
   const auto snapshot = [&](int64_t epoch, int64_t next_batch, bool confirmed) {
@@ -273,14 +136,10 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
         step, [&](const fs::path& dir, const std::string& tag) { save_state(dir, tag, epoch, next_batch, nullptr); },
         confirmed);
   };
-  guard.set_confirmation_lag(1);  // a step's figures judge the weights of the step before
-  if (guard.snapshot_due(step)) snapshot(start_epoch, skip_batches, /*confirmed=*/true);
-  const monitor::GuardianConfig& guardian_config = config.common.guardian;
+  const std::optional<data::PromptBatch> heldout =
+      start_policy_guard(guard, step, [&](bool confirmed) { snapshot(start_epoch, skip_batches, confirmed); }, phase, pad,
+                         P, device);
   std::function<double()> heldout_score;
-  std::optional<data::PromptBatch> heldout;
-  if (guardian_config.enabled && guardian_config.heldout_interval > 0) {
-    heldout = heldout_prompt_batch(phase.eval, phase.train, guardian_config.heldout_prompts, pad, P, device);
-  }
   if (heldout) {
     // The reward model's score of greedy answers to fixed prompts.
     heldout_score = [&] {
@@ -435,22 +294,18 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       unsup_buffer.clear();
       last_experience.reset();
       stop_test_mode = false;
-      const bool rolled_back =
-          alarm.action == monitor::GuardianAction::kRollback &&
-          guard.roll_back(alarm.step, alarm.cause, alarm.skipped,
-                          [&](const fs::path& dir, const std::string& tag) {
-                            restore(dir, tag);
-                            reports.restart(have_reward_ema);
-                          },
-                          {&models.actor->training_engine(), models.critic_engine.get()});
-      if (!rolled_back) {
-        stop_for_guardian(runner, guard, alarm, [&](engine::AsyncCheckpointWriter* background) {
-          save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),
-                     alarm.skipped.value("end", int64_t{0}), background);
-        });
-      }
-      runner.supersede_checkpoints_after(models.actor->training_engine().global_steps());
-      if (guardian_config.reseed) torch::manual_seed(config.common.seed + guard.guardian().seed_offset());
+      answer_policy_alarm(
+          alarm, guard, runner,
+          [&](const fs::path& dir, const std::string& tag) {
+            restore(dir, tag);
+            reports.restart(have_reward_ema);
+          },
+          {&models.actor->training_engine(), models.critic_engine.get()},
+          [&](engine::AsyncCheckpointWriter* background) {
+            save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),
+                       alarm.skipped.value("end", int64_t{0}), background);
+          },
+          config.common.seed);
     }
   }
   core::HostSync end_sync("step end (evaluation, save)");

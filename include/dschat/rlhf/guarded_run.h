@@ -37,6 +37,7 @@ class GuardedRun {
              monitor::MetricsLog* metrics, std::shared_ptr<dist::Communicator> communicator);
 
   monitor::Guardian& guardian() { return guardian_; }
+  const monitor::Guardian& guardian() const { return guardian_; }
   const monitor::GuardianConfig& config() const { return guardian_.config(); }
   bool enabled() const { return guardian_.enabled(); }
 
