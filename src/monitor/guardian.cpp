@@ -206,6 +206,7 @@ GuardianVerdict Guardian::observe_heldout(int64_t step, double score) {
   GuardianVerdict verdict;
   if (!config_.enabled) return verdict;
   heldout_.add(step, score, kHistoryLimit);
+  if (metrics_) metrics_->write("heldout", step, {{"score", score}});
   const GuardianRule& rule = config_.reward_hacking;
   const size_t window = static_cast<size_t>(std::max<int64_t>(rule.window, 2));
   if (heldout_.points.size() < window) return verdict;

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "dschat/core/error.h"
+#include "dschat/core/random_state.h"
 
 namespace dschat {
 namespace nn {
@@ -19,24 +20,6 @@ struct ClosureHolder : torch::CustomClassHolder {
   std::vector<at::Tensor> rng_states;        // generator state of each device before the first pass
 };
 
-std::vector<at::Tensor> rng_states(const std::vector<c10::Device>& devices) {
-  std::vector<at::Tensor> states;
-  for (const auto& device : devices) {
-    at::Generator gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    states.push_back(gen.get_state());
-  }
-  return states;
-}
-
-void set_rng_states(const std::vector<c10::Device>& devices, const std::vector<at::Tensor>& states) {
-  for (size_t i = 0; i < devices.size(); ++i) {
-    at::Generator gen = at::globalContext().defaultGenerator(devices[i]);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(states[i]);
-  }
-}
-
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // backward_anchor: absent, or an empty tensor requiring grad that makes the output require grad
@@ -44,7 +27,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const std::optional<torch::Tensor>& /*backward_anchor*/,
                                c10::intrusive_ptr<ClosureHolder> holder) {
-    holder->rng_states = rng_states(holder->devices);
+    holder->rng_states = core::random_states(holder->devices);
     ctx->save_for_backward({input});
     ctx->saved_data["closure"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
@@ -57,14 +40,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const CheckpointCallbacks& callbacks = holder->callbacks;
     if (callbacks.before_recompute) callbacks.before_recompute();
     torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(ctx->needs_input_grad(0));
-    std::vector<at::Tensor> states_now = rng_states(holder->devices);
-    set_rng_states(holder->devices, holder->rng_states);  // same dropout masks as the first pass
+    std::vector<at::Tensor> states_now = core::random_states(holder->devices);
+    core::set_random_states(holder->devices, holder->rng_states);  // same dropout masks as the first pass
     torch::Tensor output;
     {
       torch::AutoGradMode enable(true);
       output = holder->fn(input);
     }
-    set_rng_states(holder->devices, states_now);
+    core::set_random_states(holder->devices, states_now);
     // Without the anchor the output requires grad whenever backward runs; with it, a segment
     // whose input and parameters are all frozen has nothing to differentiate.
     if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});

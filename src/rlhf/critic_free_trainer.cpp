@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "dschat/core/host_sync.h"
+#include "dschat/core/random_state.h"
 #include "dschat/data/collate.h"
 #include "dschat/data/epoch_batches.h"
 #include "dschat/io/state_dict.h"
@@ -126,7 +127,14 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   const std::optional<data::PromptBatch> heldout =
       start_policy_guard(guard, step, [&](bool confirmed) { snapshot(start_epoch, skip_batches, confirmed); }, phase, pad,
                          p_len, device);
-  const monitor::GuardianConfig& guardian_config = config.common.guardian;
+  std::function<double()> heldout_check;  // the guardian's held-out score; empty: none
+  if (heldout) {
+    heldout_check = [&] {
+      const core::RandomStateGuard keep(device);  // watching the run does not change its random draws
+      return heldout_score(models, reward, config, *heldout, eos, pad, config.common.guardian.heldout_source);
+    };
+  }
+  if (!result.resumed) heldout_baseline(guard, step, heldout_check);
 
   monitor::Progress progress(where, config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                              !context.progress);
@@ -220,12 +228,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
             health.repeated_share = guard.mean_over_ranks({repeated_answer_share(firsts)})[0];
           }
           health.reward = f.reward;
-          check_policy_step(guard, health,
-                            heldout ? std::function<double()>([&] {
-                              return heldout_score(models, reward, config, *heldout, eos, pad,
-                                                   guardian_config.heldout_source);
-                            })
-                                    : std::function<double()>(),
+          check_policy_step(guard, health, heldout_check,
                             {{"epoch", epoch}, {"begin", pool_first}, {"end", batch_index + 1}});
           if (guard.snapshot_due(step)) snapshot(epoch, batch_index + 1, /*confirmed=*/false);
           runner.after_optimizer_step(step, [&](engine::AsyncCheckpointWriter* background) {

@@ -40,6 +40,12 @@ std::optional<data::PromptBatch> start_policy_guard(GuardedRun& guard, int64_t s
   return heldout_prompt_batch(phase.eval, phase.train, c.heldout_prompts, pad_token_id, prompt_length, device);
 }
 
+void heldout_baseline(GuardedRun& guard, int64_t step, const std::function<double()>& heldout_score) {
+  if (!guard.enabled() || !heldout_score || guard.config().heldout_interval <= 0) return;
+  core::HostSync sync("evaluation (perplexity / reward accuracy)");
+  guard.guardian().observe_heldout(step, heldout_score());
+}
+
 double repeated_answer_share(const std::vector<std::string>& answers) {
   if (answers.size() < 2) return 0.0;
   std::map<std::string, int64_t> counts;
@@ -58,7 +64,7 @@ void check_policy_step(GuardedRun& guard, const monitor::StepFigures& figures,
   const int64_t interval = guardian.config().heldout_interval;
   if (guardian.enabled() && heldout_score && interval > 0 && figures.step % interval == 0) {
     core::HostSync sync("evaluation (perplexity / reward accuracy)");
-    monitor::GuardianVerdict heldout = guardian.observe_heldout(figures.step, heldout_score());
+    monitor::GuardianVerdict heldout = guardian.observe_heldout(figures.step, heldout_score());  // draws nothing
     if (heldout.action > verdict.action) verdict = heldout;
   }
   const monitor::GuardianAction agreed = guard.agree(verdict.action);

@@ -49,6 +49,10 @@ std::optional<data::PromptBatch> start_policy_guard(GuardedRun& guard, int64_t s
                                                     const data::PhaseData& phase, int64_t pad_token_id,
                                                     int64_t prompt_length, const torch::Device& device);
 
+/// The held-out check of the weights the run starts from (at `step`), the baseline the first trend
+/// is measured from; nothing without a held-out check. Collective (it generates).
+void heldout_baseline(GuardedRun& guard, int64_t step, const std::function<double()>& heldout_score);
+
 /// Share of `answers` that another answer of the list equals (0 for fewer than two).
 double repeated_answer_share(const std::vector<std::string>& answers);
 

@@ -1,4 +1,5 @@
 #include "dschat/core/host_sync.h"
+#include "dschat/core/random_state.h"
 #include "dschat/rlhf/ppo_trainer.h"
 
 #include <algorithm>
@@ -143,6 +144,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   if (heldout) {
     // The reward model's score of greedy answers to fixed prompts.
     heldout_score = [&] {
+      const core::RandomStateGuard keep(device);  // watching the run does not change its random draws
       core::GenerationConfig greedy = experience_generation_config(config, eos, pad, 0);
       greedy.do_sample = false;
       std::optional<Experience> exp =
@@ -153,6 +155,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
 
   monitor::Progress progress("PPO", config.common.num_train_epochs * steps_per_epoch, config.common.print_interval,
                     !context.progress);
+  if (!result.resumed) heldout_baseline(guard, step, heldout_score);
   PpoStepReports reports(config, context, tokenizer, metrics, progress, result, have_reward_ema, guard, heldout_score);
   std::optional<Experience> last_experience;
   std::vector<Experience> exp_buffer;

@@ -156,6 +156,7 @@ TEST(GrpoPipeline, ACallbackRewardAndAFailingOneStopsTheStepBeforeItsUpdate) {
   file.erase("preset");  // what `dschat train` merges it over:
   rlhf::PipelineConfig pipeline = rlhf::parse_pipeline_config(rlhf::merge_config(rlhf::demo_config(), file), "config.json");
   rlhf::GrpoConfig grpo = pipeline.step2_grpo;
+  grpo.common.guardian.heldout_interval = 0;  // the callback is called by the training steps only
   grpo.rewards.clear();
   rlhf::RewardSourceConfig callback;
   callback.type = "callback";

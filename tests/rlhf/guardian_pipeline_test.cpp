@@ -74,51 +74,79 @@ TEST(GuardianPipeline, PpoLearningRateSpikeBlowsUpTheKlAndIsRolledBack) {
   EXPECT_FALSE(fs::exists(tmp / "out/step3_guardian"));
 }
 
-TEST(GuardianPipeline, CriticFreeRewardThatPaysForLengthIsStopped) {
+// The critic-free step from an SFT model whose answers end after a token, rewarded by a program
+// that pays for length (a format check rides along with weight 0, the held-out verifier).
+json length_paying_step(const fs::path& program, const fs::path& output_dir, const json& guardian) {
+  return {{"num_train_epochs", 1},
+          {"output_dir", output_dir.string()},
+          {"data", {{"data_split", "4,4,2"}}},
+          {"n_samples_per_prompt", 4},
+          {"per_device_generation_batch_size", 4},
+          {"per_device_training_batch_size", 8},
+          {"max_answer_seq_len", 16},
+          {"actor_learning_rate", 1e-2},
+          {"num_warmup_steps", 0},
+          {"experience_sampling", {{"do_sample", true}}},
+          {"rewards", json::array({{{"type", "command"}, {"argv", {DSCHAT_PYTHON, program.string()}}},
+                                   {{"type", "regex"}, {"pattern", "\\S{1,6}"}, {"weight", 0.0}, {"name", "short"}}})},
+          {"guardian", guardian}};
+}
+
+TEST(GuardianPipeline, CriticFreeRewardThatPaysForLengthIsCaught) {
   testing::TempDir tmp;
   const fs::path program = tmp / "length_reward.py";
   std::ofstream(program) << "import json, sys\n"
                             "for line in sys.stdin:\n"
                             "    q = json.loads(line)\n"
                             "    print(json.dumps({'reward': len(q['response'])}), flush=True)\n";
-  const json extra = {
-      {"pipeline", "sft-grpo"},
-      {"step1", {{"num_train_epochs", 6}}},  // answers that end: one token and the eos
-      {"step2_grpo",
-       {{"num_train_epochs", 1},
-        {"data", {{"data_split", "4,4,2"}}},
-        {"n_samples_per_prompt", 4},
-        {"per_device_generation_batch_size", 4},
-        {"per_device_training_batch_size", 8},
-        {"max_answer_seq_len", 16},
-        {"actor_learning_rate", 1e-2},
-        {"num_warmup_steps", 0},
-        {"experience_sampling", {{"do_sample", true}}},
-        {"rewards", json::array({{{"type", "command"}, {"argv", {DSCHAT_PYTHON, program.string()}}},
-                                 {{"type", "demo_task"}, {"weight", 0.0}}})},
-        {"guardian",
-         {{"answer_length", {{"action", "stop"}}},
-          {"reward_hacking", {{"interval", 1}, {"window", 3}, {"source", "demo_task"}}}}}}}};
+  // 1. Answers running to the maximum length: answer_length, made a stop.
+  const json rambling = {{"answer_length", {{"action", "stop"}}}, {"reward_hacking", {{"interval", 0}}}};
+  const json extra = {{"pipeline", "sft-grpo"},
+                      {"step1", {{"num_train_epochs", 6}}},  // answers that end: one token and the eos
+                      {"step2_grpo", length_paying_step(program, tmp / "out/grpo", rambling)}};
   const fs::path config = testing::write_tiny_pipeline_config(tmp.path(), extra);
   std::string out;
-  const int code = testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out);
+  int code = testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out);
   EXPECT_EQ(code, 3) << out;
   EXPECT_NE(out.find("guardian: answer_length at step"), std::string::npos) << out;
   EXPECT_NE(out.find("the guardian stopped the run"), std::string::npos) << out;
-  const std::vector<monitor::MetricsRow> rows = guardian_rows(tmp / "out/grpo_logs/metrics.jsonl");
+  std::vector<monitor::MetricsRow> rows = guardian_rows(tmp / "out/grpo_logs/metrics.jsonl");
   ASSERT_FALSE(rows.empty());
-  const monitor::MetricsRow& last = rows.back();
-  ASSERT_TRUE(last.values.count("answer_length")) << "the stopping event is the last row";
-  EXPECT_GE(last.values.at("answer_length"), 16.0 - 0.5);
-  // Learned, not inherited: the first step's answers were shorter than the maximum.
-  EXPECT_GE(last.step, 2);
+  ASSERT_TRUE(rows.back().values.count("answer_length")) << "the stopping event is the last row";
+  EXPECT_GE(rows.back().values.at("answer_length"), 16.0 - 0.5);
+  // Learned, not inherited: the first step's answers were short.
+  EXPECT_GE(rows.back().step, 2);
   for (const monitor::MetricsRow& row : monitor::read_metrics_jsonl(tmp / "out/grpo_logs/metrics.jsonl")) {
-    if (row.phase != "guardian" && row.step == 1 && row.values.count("answer_len")) {
-      EXPECT_LT(row.values.at("answer_len"), 4.0);
-    }
+    if (row.phase == "grpo" && row.step == 1) EXPECT_LT(row.values.at("answer_len"), 4.0);
   }
   EXPECT_TRUE(fs::exists(tmp / "out/grpo_checkpoints/actor/latest")) << "a stop leaves a checkpoint";
   EXPECT_FALSE(fs::exists(tmp / "out/grpo/training_summary.json"));
+
+  // 2. The same step again from the same SFT model (step 1 is found finished), watched by the
+  // held-out check instead: greedy answers to 16 eval prompts scored by the format check, whose
+  // score falls while the training reward climbs.
+  const json hacking = {{"answer_length", {{"action", "off"}}},
+                        {"reward_hacking",
+                         {{"action", "stop"}, {"interval", 1}, {"window", 3}, {"min_rise", 1.0}, {"min_drop", 0.1},
+                          {"source", "short"}}}};
+  json again = testing::tiny_pipeline_json(tmp / "again", extra);
+  again["output_dir"] = (tmp / "out").string();
+  again["step2_grpo"] = length_paying_step(program, tmp / "out/grpo_hacked", hacking);
+  std::ofstream(tmp / "again.json") << again.dump(2);
+  code = testing::run_command(cli() + " train --config " + (tmp / "again.json").string() + " --no-progress", &out);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("Step 1 already finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("guardian: reward_hacking at step"), std::string::npos) << out;
+  std::vector<double> heldout;
+  for (const monitor::MetricsRow& row : monitor::read_metrics_jsonl(tmp / "out/grpo_hacked_logs/metrics.jsonl")) {
+    if (row.phase == "heldout") heldout.push_back(row.values.at("score"));
+  }
+  ASSERT_GE(heldout.size(), 3u);
+  EXPECT_GT(heldout.front(), 0.1) << "the SFT model's greedy answers pass the format check";
+  EXPECT_LT(heldout.back(), heldout.front() - 0.1);
+  rows = guardian_rows(tmp / "out/grpo_hacked_logs/metrics.jsonl");
+  ASSERT_FALSE(rows.empty());
+  EXPECT_TRUE(rows.back().values.count("reward_hacking"));
 }
 
 }  // namespace
