@@ -53,10 +53,15 @@ PpoStepStats train_rlhf(RlhfModels& models, const Experience& exp, const PpoCons
   {
     // The policy's entropy at the answer actions (the guardian's collapse signal), from the same
     // logits: H = logsumexp(z) - sum(softmax(z) z), in float32.
+    // One row at a time: the float32 temporaries stay [L-1-start, V], not [B, L-1-start, V].
     torch::NoGradGuard no_grad;
-    const torch::Tensor z = logits.detach().slice(1, start, -1).to(torch::kFloat32);  // [B, L-1-start, V]
-    const torch::Tensor entropy = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1);     // [B, L-1-start]
-    stats.entropy = masked_mean(entropy, answer_mask);                                // []
+    const torch::Tensor answer_logits = logits.detach().slice(1, start, -1);  // [B, L-1-start, V]
+    std::vector<torch::Tensor> rows;                                           // each [L-1-start]
+    for (int64_t b = 0; b < answer_logits.size(0); ++b) {
+      const torch::Tensor z = answer_logits[b].to(torch::kFloat32);  // [L-1-start, V]
+      rows.push_back(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1));
+    }
+    stats.entropy = masked_mean(torch::stack(rows), answer_mask);  // []
   }
   models.actor->backward(actor_out.loss);
   // Without alignment the actor steps before the critic's forward, as DeepSpeed-Chat does.

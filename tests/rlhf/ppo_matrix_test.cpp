@@ -196,7 +196,10 @@ PpoReport run_small_ppo(const fs::path& dir, const std::string& name, const nloh
   context.progress = false;
   PpoReport report;
   report.result = rlhf::run_ppo(config, context);
-  report.rows = monitor::read_metrics_jsonl(fs::path(out.string() + "_logs") / "metrics.jsonl");
+  // The PPO rows (the guardian's held-out baseline is a row of its own phase).
+  for (monitor::MetricsRow& row : monitor::read_metrics_jsonl(fs::path(out.string() + "_logs") / "metrics.jsonl")) {
+    if (row.phase == "ppo") report.rows.push_back(std::move(row));
+  }
   for (monitor::MetricsRow& row : report.rows) {
     row.time = 0.0;
     for (const char* wall : {"gen_seconds", "train_seconds", "seqs_per_sec"}) row.values.erase(wall);
