@@ -240,10 +240,10 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
         skip_batches = 0;
       }
       finished = true;
-    } catch (const PolicyAlarm& alarm) {
+    } catch (const GuardianAlarm& alarm) {
       pool.clear();
       pool_batches = 0;
-      answer_policy_alarm(
+      answer_guardian_alarm(
           alarm, guard, runner, [&](const fs::path& dir, const std::string& tag) { restore(dir, tag); },
           {&models.actor->training_engine()},
           [&](engine::AsyncCheckpointWriter* background) {

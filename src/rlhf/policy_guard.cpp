@@ -73,23 +73,23 @@ void check_policy_step(GuardedRun& guard, const monitor::StepFigures& figures,
     return;
   }
   const std::string cause = verdict.action >= monitor::GuardianAction::kStop ? verdict.cause() : "another rank's verdict";
-  throw PolicyAlarm{agreed, figures.step, cause, skipped};
+  throw GuardianAlarm{agreed, figures.step, cause, skipped};
 }
 
-void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const PolicyAlarm& alarm,
+void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const GuardianAlarm& alarm,
                        const StepRunner::SaveFunction& save) {
   const std::string why = alarm.action == monitor::GuardianAction::kStop
                               ? "its action is stop"
                               : "no rollback is left (guardian.max_rollbacks " +
                                     std::to_string(guard.config().max_rollbacks) + ")";
   core::log_warn(runner.name(), ": guardian: stopping at step ", alarm.step, " (", alarm.cause, "; ", why, ")");
-  runner.save_checkpoint(save, /*wait=*/true);
+  if (save) runner.save_checkpoint(save, /*wait=*/true);
   throw monitor::GuardianStop(runner.name() + ": the guardian stopped the run at optimizer step " +
                               std::to_string(alarm.step) + " (" + alarm.cause + "; " + why +
                               "); the checkpoints are in " + runner.checkpoint_dir().string());
 }
 
-void answer_policy_alarm(const PolicyAlarm& alarm, GuardedRun& guard, StepRunner& runner,
+void answer_guardian_alarm(const GuardianAlarm& alarm, GuardedRun& guard, StepRunner& runner,
                          const GuardedRun::LoadSnapshot& load, const std::vector<engine::TrainingEngine*>& engines,
                          const StepRunner::SaveFunction& save_here, uint64_t seed) {
   const bool rolled_back = alarm.action == monitor::GuardianAction::kRollback &&

@@ -2,7 +2,7 @@
 // The guardian's part in the policy loops (step 3's PPO and the critic-free step): checking a
 // step's figures and, every heldout_interval steps, the held-out check (greedy answers to fixed
 // prompts, scored by the reward model or a named verifier); a stop or rollback leaves the step
-// as a PolicyAlarm that the trainer's outer loop catches, where it restores the snapshot or stops.
+// as a GuardianAlarm that the trainer's outer loop catches, where it restores the snapshot or stops.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -20,12 +20,13 @@
 namespace dschat {
 namespace rlhf {
 
-/// The guardian asked to stop or roll back after `step`.
-struct PolicyAlarm {
+/// The guardian asked to stop or roll back after `step` (thrown by the step's check, caught by
+/// the trainer's outer loop).
+struct GuardianAlarm {
   monitor::GuardianAction action = monitor::GuardianAction::kOff;
   int64_t step = 0;
   std::string cause;
-  nlohmann::json skipped;  // the step's prompt batches: {"epoch", "begin", "end"}
+  nlohmann::json skipped;  // the step's batches (prompt or micro-batches): {"epoch", "begin", "end"}
 };
 
 /// The held-out prompts: the first `count` of the eval split (of train when eval is empty), the
@@ -57,21 +58,22 @@ void heldout_baseline(GuardedRun& guard, int64_t step, const std::function<doubl
 double repeated_answer_share(const std::vector<std::string>& answers);
 
 /// Collective. Observes `figures` and, when the step is a multiple of heldout_interval and
-/// `heldout_score` is set, the held-out check; the ranks agree on the action. Throws PolicyAlarm
+/// `heldout_score` is set, the held-out check; the ranks agree on the action. Throws GuardianAlarm
 /// for a stop or rollback.
 void check_policy_step(GuardedRun& guard, const monitor::StepFigures& figures,
                        const std::function<double()>& heldout_score, const nlohmann::json& skipped);
 
 /// After a stop (asked, or a rollback that could not be made): saves a checkpoint with `save`
-/// (waiting for it) and throws monitor::GuardianStop naming the step, the signal and why.
-[[noreturn]] void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const PolicyAlarm& alarm,
+/// (waiting for it; none when `save` is empty, e.g. inside an accumulation window) and throws
+/// monitor::GuardianStop naming the step, the signal and why.
+[[noreturn]] void stop_for_guardian(StepRunner& runner, const GuardedRun& guard, const GuardianAlarm& alarm,
                                     const StepRunner::SaveFunction& save);
 
-/// A policy loop's answer to an alarm: a rollback (`load` restores the models and the position;
+/// A loop's answer to an alarm (the supervised loop's and the policy loops'): a rollback (`load` restores the models and the position;
 /// `engines`, the first the checkpoint's primary, get the lowered learning rate; the checkpoints
 /// saved after the snapshot are superseded and the seeds redrawn from `seed`), or, for a stop or
 /// when no rollback can be made, stop_for_guardian with `save_here`.
-void answer_policy_alarm(const PolicyAlarm& alarm, GuardedRun& guard, StepRunner& runner,
+void answer_guardian_alarm(const GuardianAlarm& alarm, GuardedRun& guard, StepRunner& runner,
                          const GuardedRun::LoadSnapshot& load, const std::vector<engine::TrainingEngine*>& engines,
                          const StepRunner::SaveFunction& save_here, uint64_t seed);
 

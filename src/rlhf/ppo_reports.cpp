@@ -24,7 +24,7 @@ std::vector<std::string> decode_answers(const torch::Tensor& seq, int64_t prompt
 }
 
 void PpoStepReports::restart(bool have_reward_ema) {
-  stats_.read();
+  stats_.discard();
   pending_.clear();
   have_reward_ema_ = have_reward_ema;
 }

@@ -60,7 +60,7 @@ class PpoStepReports {
   void step_ended(PendingPpoStep step) { pending_.push_back(std::move(step)); }
 
   // The one read of the queued statistics, then each pending step's report in order, each
-  // checked by the guardian (a stop or rollback throws PolicyAlarm, the later steps unreported).
+  // checked by the guardian (a stop or rollback throws GuardianAlarm, the later steps unreported).
   void read();
 
  private:

@@ -292,12 +292,12 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
       }
       reports.read();  // the last steps' statistics, checked before the models are saved
       finished = true;
-    } catch (const PolicyAlarm& alarm) {
+    } catch (const GuardianAlarm& alarm) {
       exp_buffer.clear();
       unsup_buffer.clear();
       last_experience.reset();
       stop_test_mode = false;
-      answer_policy_alarm(
+      answer_guardian_alarm(
           alarm, guard, runner,
           [&](const fs::path& dir, const std::string& tag) {
             restore(dir, tag);

@@ -37,15 +37,6 @@ void evaluate(const SupervisedLoopSettings& settings, EvaluationPoint point, int
   if (settings.evaluate) settings.evaluate(EvaluationRequest{point, epoch, step});
 }
 
-// The guardian asked to stop or roll back at `step` (thrown out of the epoch to the loop, which
-// acts on it where the position is known).
-struct GuardianAlarm {
-  monitor::GuardianAction action = monitor::GuardianAction::kOff;
-  int64_t step = 0;
-  std::string cause;
-  nlohmann::json window;  // the offending step's micro-batches: {"epoch", "begin", "end"}
-};
-
 // The micro-batch losses of one epoch, left on the device until a read point; then one copy
 // brings them to the host, where they are summed in micro-batch order exactly as an immediate
 // `loss.item<double>()` each would have been, and the reports of the steps ended since run.
@@ -274,34 +265,22 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
       }
       done = true;
     } catch (const GuardianAlarm& alarm) {
-      const bool rolled_back =
-          alarm.action == monitor::GuardianAction::kRollback &&
-          guard->roll_back(alarm.step, alarm.cause, alarm.window,
-                           [&](const std::filesystem::path& dir, const std::string& tag) {
-                             const nlohmann::json state = engine.load_checkpoint(dir, tag);
-                             start_epoch = state.at("epoch").get<int64_t>();
-                             skip = state.at("batch").get<int64_t>();
-                           },
-                           {&engine});
-      if (!rolled_back) {
-        const std::string why = alarm.action == monitor::GuardianAction::kStop
-                                    ? "its action is stop"
-                                    : "no rollback is left (guardian.max_rollbacks " +
-                                          std::to_string(settings.guardian.max_rollbacks) + ")";
-        core::log_warn(runner.name(), ": guardian: stopping at step ", alarm.step, " (", alarm.cause, "; ", why, ")");
-        // A checkpoint of where the run stands, for inspection or a resume with other settings.
-        if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
-          const int64_t epoch = alarm.window.is_object() ? alarm.window.value("epoch", int64_t{0}) : start_epoch;
-          const int64_t batch = alarm.window.is_object() ? alarm.window.value("end", int64_t{0}) : 0;
-          runner.save_checkpoint([&](engine::AsyncCheckpointWriter* background) { loop.save(background, epoch, batch); },
-                                 /*wait=*/true);
-        }
-        throw monitor::GuardianStop(runner.name() + ": the guardian stopped the run at optimizer step " +
-                                    std::to_string(alarm.step) + " (" + alarm.cause + "; " + why +
-                                    "); the checkpoints are in " + runner.checkpoint_dir().string());
+      // A checkpoint of where the run stands when it stops, unless an accumulation window is open.
+      StepRunner::SaveFunction save_here;
+      if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
+        save_here = [&](engine::AsyncCheckpointWriter* background) {
+          loop.save(background, alarm.skipped.is_object() ? alarm.skipped.value("epoch", int64_t{0}) : start_epoch,
+                    alarm.skipped.is_object() ? alarm.skipped.value("end", int64_t{0}) : 0);
+        };
       }
-      runner.supersede_checkpoints_after(engine.global_steps());
-      if (settings.guardian.reseed) torch::manual_seed(settings.seed + guard->guardian().seed_offset());
+      answer_guardian_alarm(
+          alarm, *guard, runner,
+          [&](const std::filesystem::path& dir, const std::string& tag) {
+            const nlohmann::json state = engine.load_checkpoint(dir, tag);
+            start_epoch = state.at("epoch").get<int64_t>();
+            skip = state.at("batch").get<int64_t>();
+          },
+          {&engine}, save_here, settings.seed);
     }
   }
   progress.finish();

@@ -58,6 +58,8 @@ class PpoStatsQueue {
   int64_t pending_steps() const { return static_cast<int64_t>(steps_.size()); }
   /// The means of every pending step, oldest first (one wait for the device); empties the queue.
   std::vector<PpoStepMeans> read();
+  /// Drops every pending step unread (a guardian rollback abandoned them).
+  void discard() { steps_.clear(); }
 
  private:
   struct Step {
