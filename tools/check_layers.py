@@ -12,7 +12,7 @@ import re
 import sys
 
 RANK = {"core": 0, "kernels": 1, "ops": 2, "nn": 3, "io": 3, "models": 4, "tokenizer": 4, "data": 4,
-        "monitor": 4, "dist": 5, "engine": 6, "inference": 6, "hybrid": 7, "rlhf": 8, "plan": 9}
+        "monitor": 4, "dist": 5, "engine": 6, "inference": 6, "hybrid": 7, "serve": 7, "rlhf": 8, "plan": 9}
 # Folders side by side at one rank may not include each other, and some may not reach down into
 # a lower folder: io (checkpoint formats) and nn (modules) know nothing of each other; tokenizer and
 # data read files through io but know no modules; monitor (reporting) sees only core and io;
@@ -24,7 +24,8 @@ FORBIDDEN = {("io", "nn"), ("nn", "io"), ("io", "ops"),
              ("tokenizer", "monitor"), ("data", "monitor"),
              ("monitor", "ops"), ("monitor", "nn"), ("monitor", "models"), ("monitor", "tokenizer"),
              ("monitor", "data"), ("monitor", "kernels"),
-             ("engine", "inference"), ("inference", "engine")}
+             ("engine", "inference"), ("inference", "engine"),
+             ("serve", "hybrid"), ("hybrid", "serve"), ("serve", "engine")}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 
 

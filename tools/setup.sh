@@ -2,9 +2,11 @@
 # Installs everything dschat needs to build and test on a fresh Debian 12 machine.
 # Idempotent and quiet when already done: each step checks before it installs.
 #   Debian packages : compiler, cmake, ninja, ccache, json, spdlog, CLI11, GoogleTest, ICU, OpenSSL, libpng,
-#                     Gloo headers (declarations for LibTorch's c10d ProcessGroupGloo; the code is libtorch's)
+#                     Gloo headers (declarations for LibTorch's c10d ProcessGroupGloo; the code is libtorch's),
+#                     cpp-httplib (`dschat serve`), chromium + chromium-driver (the chat page's browser test)
 #   .venv/          : torch==2.11.0 (its LibTorch is what CMake links), plus the Python
-#                     packages used only by tests and tools (transformers, safetensors, numpy)
+#                     packages used only by tests and tools (transformers, safetensors, numpy;
+#                     openai and selenium for `dschat serve`'s tests)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${DSCHAT_VENV:-$root/.venv}"
@@ -12,7 +14,7 @@ venv="${DSCHAT_VENV:-$root/.venv}"
 apt_packages=(
   g++ cmake ninja-build ccache git pkg-config python3 python3-venv python3-pip
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libicu-dev libssl-dev libpng-dev libgloo-dev
+  libbenchmark-dev libicu-dev libssl-dev libpng-dev libgloo-dev libcpp-httplib-dev chromium chromium-driver
 )
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -27,7 +29,9 @@ fi
 
 # Python pins: torch must match the GPU machine's (2.11.0+cu130); pyarrow supplies the Arrow/Parquet
 # C++ libraries the build links; the rest are test oracles.
-pins=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3 pyarrow==26.0.1)
+# selenium 4.50 is the newest whose certifi pin the registry serves.
+pins=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3 pyarrow==26.0.1
+      openai==3.57.0 selenium==4.50.0)
 stamp="$venv/.dschat-pins"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
   echo "setup: creating $venv with ${pins[*]}"

@@ -45,6 +45,21 @@ nn::MaskLayout prompt_mask_layout(const torch::Tensor& attention_mask) {
   return nn::detect_mask_layout(attention_mask);
 }
 
+// The caller's row endings of this step as a [R] bool mask on next's device: one host read.
+torch::Tensor rows_to_end(const StepHooks& hooks, const torch::Tensor& next, int64_t step) {
+  torch::Tensor host_next;  // [R]
+  {
+    core::HostSync sync("generation (step hooks read the step's ids)");
+    host_next = next.to(torch::kCPU);
+  }
+  const std::vector<bool> end = hooks.end_rows(host_next, step);
+  DSCHAT_CHECK(static_cast<int64_t>(end.size()) == next.size(0), InvalidArgument, "generate: step hook end_rows gave ",
+               end.size(), " flags for ", next.size(0), " rows");
+  std::vector<uint8_t> bytes(end.begin(), end.end());
+  torch::Tensor flags = torch::from_blob(bytes.data(), {next.size(0)}, torch::kUInt8);  // [R] view of bytes
+  return flags.to(torch::kBool).to(next.device());  // a copy: bytes dies here
+}
+
 }  // namespace
 
 InferenceEngine::InferenceEngine(models::CausalLM model, InferenceEngineOptions options)
@@ -108,6 +123,21 @@ torch::Tensor InferenceEngine::decode_step(const torch::Tensor& step_input, cons
 
 GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                                            const core::GenerationConfig& config) {
+  return run(prompt_ids, prompt_mask, config, nullptr);
+}
+
+GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                           const core::GenerationConfig& config, const StepHooks& hooks) {
+  DSCHAT_CHECK(!options_.lockstep, InvalidArgument,
+               "generate: step hooks end rows on one rank's host and cannot run in lockstep");
+  DSCHAT_CHECK(config.num_return_sequences == 1, InvalidArgument,
+               "generate: with step hooks repeat the prompts instead of num_return_sequences (got ",
+               config.num_return_sequences, ")");
+  return run(prompt_ids, prompt_mask, config, &hooks);
+}
+
+GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                      const core::GenerationConfig& config, const StepHooks* hooks) {
   const auto start = Clock::now();
   core::validate_generation_config(config, "generation config");
   DSCHAT_CHECK(prompt_ids.dim() == 2 && prompt_ids.sizes() == prompt_mask.sizes() && prompt_ids.size(0) > 0 &&
@@ -189,8 +219,12 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
     ++stats.forward_steps;
     torch::Tensor next;  // [B * n]
     if (own_length < 0) {
-      logits = process_logits(logits, sequences, config, step);
-      next = select_next_tokens(logits, config, generator);
+      if (hooks && hooks->select_next) {
+        next = hooks->select_next(logits, sequences, step);
+      } else {
+        logits = process_logits(logits, sequences, config, step);
+        next = select_next_tokens(logits, config, generator);
+      }
       next = torch::where(finished, torch::full_like(next, pad), next);
     } else {
       next = torch::full({batch}, pad, torch::dtype(torch::kInt64).device(device));  // idle lockstep step
@@ -198,9 +232,11 @@ GenerationResult InferenceEngine::generate(const torch::Tensor& prompt_ids, cons
     sequences = torch::cat({sequences, next.unsqueeze(1)}, 1);
     mask = torch::cat({mask, finished.logical_not().to(torch::kInt64).unsqueeze(1)}, 1);
     if (config.eos_token_id) finished = finished.logical_or(next == *config.eos_token_id);
+    if (hooks && hooks->end_rows) finished = finished.logical_or(rows_to_end(*hooks, next, step));
     // Host reads (device syncs) only at step 0 (the prefill timer), every `check_every` steps and
     // at the last; every rank of a lockstep group reads (and all-reduces) at the same steps.
-    if (step == 0 || (step + 1) % check_every == 0 || step + 1 == max_new) {
+    // Step hooks read every step anyway.
+    if (step == 0 || (step + 1) % check_every == 0 || step + 1 == max_new || (hooks && hooks->end_rows)) {
       const int64_t done_length = length_when_all_finished(finished, mask, prompt);
       if (step == 0) stats.prefill_s = seconds_since(start);
       const bool unfinished_here = done_length < 0;

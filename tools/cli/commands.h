@@ -19,6 +19,7 @@ void add_ckpt_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace cli
 }  // namespace dschat

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   dschat::cli::add_plot_command(app);
   dschat::cli::add_train_commands(app);
   dschat::cli::add_plan_command(app);
+  dschat::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

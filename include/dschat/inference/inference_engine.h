@@ -42,7 +42,9 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "dschat/core/generation_config.h"
 #include "dschat/dist/process_group.h"
@@ -75,6 +77,19 @@ struct InferenceEngineOptions {
   std::shared_ptr<dist::Communicator> lockstep;
 };
 
+/// Lets a caller choose each step's tokens and end rows itself: the server's batches, where every
+/// row has its own sampling setup, seed, length and stop strings, and a client may go away.
+/// With hooks the engine reads each step's ids on the host (a device sync per step).
+struct StepHooks {
+  /// The step's logits [R, V] float32, the ids so far [R, T + s] and the step -> the next ids [R]
+  /// on the logits' device. Replaces process_logits and select_next_tokens (the config's sampling
+  /// keys are then unused). Rows that have finished get pad whatever this returns.
+  std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& sequences, int64_t step)> select_next;
+  /// After every step: the step's ids [R] on the host (pad in finished rows) -> per row, whether
+  /// to end it now (its token of this step is kept, as an EOS is). All rows ended ends the call.
+  std::function<std::vector<bool>(const torch::Tensor& next_ids, int64_t step)> end_rows;
+};
+
 class DecodeGraphs;  // private (src/inference/decode_graph.h)
 
 class InferenceEngine {
@@ -90,6 +105,9 @@ class InferenceEngine {
   /// options.lockstep.
   GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                             const core::GenerationConfig& config);
+  /// The same with the caller's token choice and row endings (StepHooks; not with lockstep).
+  GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                            const core::GenerationConfig& config, const StepHooks& hooks);
 
   /// Frees the KV workspace (and any captured CUDA graphs, which point into it).
   void release_workspace();
@@ -113,6 +131,8 @@ class InferenceEngine {
                             nn::MaskLayout layout);
   void agree_across_ranks(int64_t max_new_tokens, const std::string& local_error);
   bool any_rank_unfinished(bool unfinished_here);
+  GenerationResult run(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                       const core::GenerationConfig& config, const StepHooks* hooks);
 
   models::CausalLM model_{nullptr};
   InferenceEngineOptions options_;

@@ -1,0 +1,80 @@
+#pragma once
+// One HTTP request's generation as the batch scheduler sees it: its prompts, how to sample, and
+// the channel its answers flow back through. The HTTP thread creates it and waits on it; the
+// model's worker thread (batch_scheduler.h) fills it. Thread-safe.
+//
+// Rows: prompt p's n answers are choices p * n .. p * n + n - 1 (OpenAI's choice indices).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dschat {
+namespace serve {
+
+struct SamplingParams {
+  int64_t max_tokens = 16;
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;        // (0, 1]
+  int64_t top_k = 0;         // 0: off (an extension to OpenAI's API)
+  std::optional<uint64_t> seed;  // none: a fresh random seed
+  int64_t n = 1;             // answers per prompt
+  std::vector<std::string> stop;  // the client's stop strings and the chat template's
+  bool trim_leading_space = false;  // chat replies drop the space after "Assistant:"
+
+  bool greedy() const { return temperature == 0.0; }
+};
+
+/// A piece of one choice's answer: new text, and at the end why it ended.
+struct ChoiceEvent {
+  int64_t index = 0;
+  std::string text;
+  std::string finish_reason;  // "" while it goes on, then "stop" or "length"
+};
+
+class GenerationRequest {
+ public:
+  GenerationRequest(std::vector<std::vector<int64_t>> prompts, SamplingParams params);
+
+  const std::vector<std::vector<int64_t>>& prompts() const { return prompts_; }
+  const SamplingParams& params() const { return params_; }
+  int64_t rows() const { return static_cast<int64_t>(prompts_.size()) * params_.n; }
+  int64_t prompt_tokens() const;  // over all prompts (each counted once, whatever n)
+  int64_t longest_prompt() const;
+
+  // ---- the worker's side
+  void push(ChoiceEvent event);
+  /// The generation failed (the engine threw, or the server stops): the waiter sees `message`.
+  void fail(std::string message);
+  void add_completion_tokens(int64_t tokens) { completion_tokens_ += tokens; }
+
+  // ---- the HTTP side
+  /// Waits up to `timeout` for events and moves them into `out`; returns true once every choice
+  /// has finished or the request failed (then no more events come).
+  bool wait(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout);
+  /// The client went away or the server stops: the worker ends the rows at its next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  /// Empty unless fail() was called.
+  std::string error() const;
+  int64_t completion_tokens() const { return completion_tokens_; }
+
+ private:
+  const std::vector<std::vector<int64_t>> prompts_;
+  const SamplingParams params_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<ChoiceEvent> pending_;  // guarded by mutex_
+  int64_t finished_choices_ = 0;      // guarded by mutex_
+  std::string error_;                 // guarded by mutex_
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> completion_tokens_{0};
+};
+
+}  // namespace serve
+}  // namespace dschat

@@ -1,0 +1,75 @@
+#pragma once
+// `dschat serve`: saved models behind OpenAI's HTTP API and a web chat page (docs/serve.md).
+//
+//   GET  /                      the chat page (one model, or two side by side)
+//   GET  /health                liveness and the schedulers' counters (no key needed)
+//   GET  /v1/models             the served models
+//   POST /v1/completions        text completion  } streamed as server-sent events with
+//   POST /v1/chat/completions   chat             } "stream": true
+//
+// Each model has its own BatchScheduler (its own worker thread and engine): concurrent requests
+// for one model share decode steps. The HTTP server is cpp-httplib (Debian's libcpp-httplib-dev):
+// a thread per connection from a fixed pool, so a slow reader holds only its own thread while the
+// batch it belongs to decodes on. With an API key every /v1 call needs "Authorization: Bearer
+// <key>"; bodies over max_body_bytes are refused (413) before they are read.
+//
+//   std::vector<serve::ServedModel> models = {{"sft", sft_model, tokenizer}, {"ppo", ppo_model, tokenizer}};
+//   serve::Server server(std::move(models), options);
+//   int port = server.bind();   // options.port 0: a free port
+//   server.serve();             // until stop() (from another thread or a signal watcher)
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dschat/models/causal_lm.h"
+#include "dschat/serve/batch_scheduler.h"
+#include "dschat/serve/chat_template.h"
+#include "dschat/tokenizer/tokenizer.h"
+
+namespace dschat {
+namespace serve {
+
+struct ServedModel {
+  std::string name;  // the "model" of requests
+  models::CausalLM model;
+  tokenizer::Tokenizer tokenizer;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                       // 0: any free port
+  std::string api_key;                   // empty: no key needed
+  size_t max_body_bytes = 1 << 20;
+  int64_t default_max_tokens = 16;       // OpenAI's completions default
+  int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
+  bool enable_cuda_graph = false;
+  SchedulerOptions scheduler;
+  ChatTemplate chat_template;
+  int http_threads = 0;                  // 0: enough for every queued and running request, plus 16
+};
+
+class Server {
+ public:
+  Server(std::vector<ServedModel> models, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Binds host:port; returns the port. Throws core::IoError naming host:port when it cannot.
+  int bind();
+  /// Serves until stop(). Call bind() first.
+  void serve();
+  /// Stops accepting, fails queued and running generations ("the server is stopping") and makes
+  /// serve() return. Thread-safe; idempotent.
+  void stop();
+
+  struct State;  // private (src/serve/server_state.h)
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace serve
+}  // namespace dschat

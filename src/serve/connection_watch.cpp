@@ -1,0 +1,74 @@
+#include "serve/connection_watch.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace dschat {
+namespace serve {
+namespace {
+
+// The printable address and port of a socket's peer; false for non-IP or unconnected sockets.
+bool peer_of(int fd, std::string& address, int& port) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return false;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (peer.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&peer);
+    ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text));
+    port = ntohs(v4->sin_port);
+  } else if (peer.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&peer);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text));
+    port = ntohs(v6->sin6_port);
+  } else {
+    return false;
+  }
+  address = text;
+  return true;
+}
+
+}  // namespace
+
+int find_connection_socket(const std::string& remote_addr, int remote_port) {
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  int found = -1;
+  while (const dirent* entry = ::readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;  // "." and ".."
+    struct stat info {};
+    if (::fstat(static_cast<int>(fd), &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
+    std::string address;
+    int port = -1;
+    if (peer_of(static_cast<int>(fd), address, port) && port == remote_port && address == remote_addr) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(fds);
+  return found;
+}
+
+bool peer_closed(int socket) {
+  if (socket < 0) return false;
+  pollfd watch{socket, POLLIN | POLLRDHUP, 0};
+  if (::poll(&watch, 1, 0) <= 0) return false;  // nothing happened on it
+  if (watch.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  // Readable: either bytes of a next request, or end of stream (recv returns 0).
+  char byte = 0;
+  const ssize_t got = ::recv(socket, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return got == 0;
+}
+
+}  // namespace serve
+}  // namespace dschat

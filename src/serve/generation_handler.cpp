@@ -1,0 +1,213 @@
+// POST /v1/completions and /v1/chat/completions: from the request body to a queued
+// GenerationRequest, then its answer, whole or streamed.
+#include <chrono>
+
+#include "dschat/core/error.h"
+#include "serve/connection_watch.h"
+#include "serve/server_state.h"
+
+namespace dschat {
+namespace serve {
+namespace {
+
+using nlohmann::json;
+constexpr std::chrono::milliseconds kPollInterval{50};  // how soon a gone client is noticed
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The prompts as token ids, checked against the model's context and the batch size.
+std::vector<std::vector<int64_t>> prompt_ids(const Server::State& state, const ModelSlot& slot, ApiRequest& api) {
+  const tokenizer::Tokenizer& tokenizer = slot.scheduler->tokenizer();
+  std::vector<std::vector<int64_t>> prompts = api.prompt_ids;
+  const char* param = api.endpoint == Endpoint::kChat ? "messages" : "prompt";
+  if (api.endpoint == Endpoint::kChat) {
+    std::string text;
+    try {
+      text = state.options.chat_template.render(api.messages);
+    } catch (const core::InvalidArgument& e) {
+      throw ApiError(400, e.what(), "messages");
+    }
+    prompts.push_back(tokenizer.encode(text));
+  }
+  for (const auto& text : api.prompts) prompts.push_back(tokenizer.encode(text));
+  const int64_t context = slot.scheduler->context_tokens();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto& ids = prompts[p];
+    if (ids.empty()) throw ApiError(400, "the prompt encodes to no tokens; give at least one", param);
+    for (int64_t id : ids) {
+      if (id >= slot.vocab_size) {
+        throw ApiError(400, "token id " + std::to_string(id) + " is outside the model's vocabulary (" +
+                                std::to_string(slot.vocab_size) + " ids)", param);
+      }
+    }
+    const int64_t length = static_cast<int64_t>(ids.size());
+    if (length + api.params.max_tokens > context) {
+      throw ApiError(400,
+                     "this model's context is " + std::to_string(context) + " tokens (prompt + answer; the smaller of "
+                     "--max-out-tokens and the model's max_position_embeddings), but the prompt" +
+                         (prompts.size() > 1 ? " " + std::to_string(p) : std::string()) + " has " +
+                         std::to_string(length) + " tokens and max_tokens asks for " +
+                         std::to_string(api.params.max_tokens) + " more; shorten the prompt or lower max_tokens",
+                     param, "context_length_exceeded");
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(prompts.size()) * api.params.n;
+  if (rows > slot.scheduler->max_batch_rows()) {
+    throw ApiError(400, "prompts x n = " + std::to_string(rows) + " answers exceed the " +
+                            std::to_string(slot.scheduler->max_batch_rows()) + " rows one batch holds (--max-batch-rows)",
+                   "n");
+  }
+  return prompts;
+}
+
+std::string sse(const json& event) { return "data: " + event.dump() + "\n\n"; }
+
+// The generation failed or the server stops: the status to answer with.
+ApiError generation_error(const Server::State& state, const std::string& message) {
+  if (state.stopping) return ApiError(503, message, "", "server_stopping", "server_error");
+  return ApiError(500, message, "", "", "server_error");
+}
+
+void answer_whole(Server::State& state, const httplib::Request& http, httplib::Response& response,
+                  const std::shared_ptr<GenerationRequest>& request, const ApiRequest& api) {
+  const int socket = find_connection_socket(http.remote_addr, http.remote_port);
+  std::vector<ChoiceResult> choices(static_cast<size_t>(request->rows()));
+  std::vector<ChoiceEvent> events;
+  for (bool done = false; !done;) {
+    done = request->wait(events, kPollInterval);
+    if (!done && peer_closed(socket)) {  // nobody will read the answer
+      request->cancel();
+      return;
+    }
+  }
+  if (!request->error().empty()) return send_error(response, generation_error(state, request->error()));
+  for (const auto& event : events) {
+    ChoiceResult& choice = choices[static_cast<size_t>(event.index)];
+    choice.text += event.text;
+    if (!event.finish_reason.empty()) choice.finish_reason = event.finish_reason;
+  }
+  const json body = full_response(api.endpoint, new_response_id(api.endpoint), unix_now(), api.model, choices,
+                                  request->prompt_tokens(), request->completion_tokens());
+  response.set_content(body.dump(), "application/json");
+}
+
+// The stream's state between calls of httplib's chunked content provider.
+struct StreamState {
+  std::shared_ptr<GenerationRequest> request;
+  Endpoint endpoint;
+  std::string id, model;
+  int64_t created = 0;
+  bool include_usage = false;
+  int socket = -1;
+  bool opened = false;
+};
+
+void answer_streamed(Server::State& state, const httplib::Request& http, httplib::Response& response,
+                     const std::shared_ptr<GenerationRequest>& request, const ApiRequest& api) {
+  auto stream = std::make_shared<StreamState>();
+  stream->request = request;
+  stream->endpoint = api.endpoint;
+  stream->id = new_response_id(api.endpoint);
+  stream->model = api.model;
+  stream->created = unix_now();
+  stream->include_usage = api.include_usage;
+  stream->socket = find_connection_socket(http.remote_addr, http.remote_port);
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");  // proxies: pass events on as they come
+  const Server::State* server = &state;
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [stream, server](size_t, httplib::DataSink& sink) {
+        GenerationRequest& generation = *stream->request;
+        const auto write = [&](const std::string& text) {
+          if (sink.write(text.data(), text.size())) return true;
+          generation.cancel();  // the client went away mid-answer
+          return false;
+        };
+        if (!stream->opened) {  // chat: every choice opens with its role, as OpenAI's streams do
+          stream->opened = true;
+          if (stream->endpoint == Endpoint::kChat) {
+            for (int64_t i = 0; i < generation.rows(); ++i) {
+              if (!write(sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, i, "", "", true)))) {
+                return false;
+              }
+            }
+          }
+        }
+        std::vector<ChoiceEvent> events;
+        const bool done = generation.wait(events, kPollInterval);
+        for (const auto& event : events) {
+          const auto chunk = [&](const std::string& text, const std::string& reason) {
+            return sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, event.index, text,
+                                    reason, false));
+          };
+          if (stream->endpoint == Endpoint::kChat) {
+            if (!event.text.empty() && !write(chunk(event.text, ""))) return false;
+            if (!event.finish_reason.empty() && !write(chunk("", event.finish_reason))) return false;
+          } else if (!write(chunk(event.text, event.finish_reason))) {
+            return false;
+          }
+        }
+        if (!done) {
+          if (events.empty() && peer_closed(stream->socket)) {
+            generation.cancel();
+            return false;
+          }
+          return true;  // called again
+        }
+        if (!generation.error().empty()) {
+          if (!write(sse(error_body(generation_error(*server, generation.error()))))) return false;
+        } else if (stream->include_usage) {
+          if (!write(sse(usage_chunk(stream->endpoint, stream->id, stream->created, stream->model,
+                                     generation.prompt_tokens(), generation.completion_tokens())))) {
+            return false;
+          }
+        }
+        if (!write("data: [DONE]\n\n")) return false;
+        sink.done();
+        return true;
+      },
+      [stream](bool success) {
+        if (!success) stream->request->cancel();
+      });
+}
+
+}  // namespace
+
+void handle_generation(Server::State& state, const httplib::Request& http, httplib::Response& response,
+                       Endpoint endpoint) {
+  try {
+    ApiRequest api = parse_api_request(http.body, endpoint, state.options.default_max_tokens);
+    ModelSlot* slot = state.find(api.model);
+    if (slot == nullptr) {
+      throw ApiError(404, "the model '" + api.model + "' does not exist; GET /v1/models lists the served models",
+                     "model", "model_not_found");
+    }
+    if (endpoint == Endpoint::kChat) {
+      const ChatTemplate& chat = state.options.chat_template;
+      api.params.stop.insert(api.params.stop.end(), chat.stop.begin(), chat.stop.end());
+      api.params.trim_leading_space = chat.trim_leading_space;
+    }
+    auto request = std::make_shared<GenerationRequest>(prompt_ids(state, *slot, api), api.params);
+    if (state.stopping) throw ApiError(503, "the server is stopping", "", "server_stopping", "server_error");
+    try {
+      slot->scheduler->submit(request);
+    } catch (const QueueFull& e) {
+      throw ApiError(429, e.what(), "", "rate_limit_exceeded", "rate_limit_exceeded");
+    } catch (const core::InvalidArgument& e) {  // submitted while stopping
+      throw ApiError(503, e.what(), "", "server_stopping", "server_error");
+    }
+    if (api.stream) {
+      answer_streamed(state, http, response, request, api);
+    } else {
+      answer_whole(state, http, response, request, api);
+    }
+  } catch (const ApiError& e) {
+    send_error(response, e);
+  }
+}
+
+}  // namespace serve
+}  // namespace dschat

@@ -1,0 +1,225 @@
+// The HTTP side of `dschat serve`: routes, the API key, body limits, error objects, /health and
+// /v1/models. Generation requests go to generation_handler.cpp.
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <set>
+
+#include "dschat/core/error.h"
+#include "serve/server_state.h"
+
+namespace dschat {
+namespace serve {
+namespace {
+
+using nlohmann::json;
+
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Compares without an early exit, so the time taken says nothing about how much of a key matched.
+bool same_key(const std::string& given, const std::string& expected) {
+  unsigned char difference = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i) {
+    difference |= static_cast<unsigned char>(given[i] ^ expected[i % std::max<size_t>(expected.size(), 1)]);
+  }
+  return difference == 0;
+}
+
+json counters_json(const SchedulerCounters& c) {
+  return json{{"queued", c.queued},
+              {"running", c.running_rows},
+              {"requests_total", c.requests_total},
+              {"completed_total", c.completed_total},
+              {"cancelled_total", c.cancelled_total},
+              {"rejected_total", c.rejected_total},
+              {"failed_total", c.failed_total},
+              {"generated_tokens_total", c.generated_tokens_total},
+              {"batches_total", c.batches_total}};
+}
+
+json health(const Server::State& state) {
+  SchedulerCounters total;
+  json per_model = json::object();
+  json names = json::array();
+  for (const auto& slot : state.models) {
+    const SchedulerCounters c = slot.scheduler->counters();
+    per_model[slot.name] = counters_json(c);
+    names.push_back(slot.name);
+    total.queued += c.queued;
+    total.running_rows += c.running_rows;
+    total.requests_total += c.requests_total;
+    total.completed_total += c.completed_total;
+    total.cancelled_total += c.cancelled_total;
+    total.rejected_total += c.rejected_total;
+    total.failed_total += c.failed_total;
+    total.generated_tokens_total += c.generated_tokens_total;
+    total.batches_total += c.batches_total;
+  }
+  json body = counters_json(total);
+  body["status"] = state.stopping ? "stopping" : "ok";
+  body["models"] = names;
+  body["per_model"] = per_model;
+  body["rss_bytes"] = resident_bytes();
+  return body;
+}
+
+json model_list(const Server::State& state) {
+  json data = json::array();
+  for (const auto& slot : state.models) {
+    data.push_back({{"id", slot.name}, {"object", "model"}, {"created", slot.created}, {"owned_by", "dschat"}});
+  }
+  return json{{"object", "list"}, {"data", data}};
+}
+
+// An error status without a body of ours (httplib's own 404, 413, 400): the OpenAI error object.
+ApiError error_for_status(const httplib::Request& request, int status, size_t max_body_bytes) {
+  switch (status) {
+    case 404:
+      return ApiError(404, "unknown path " + request.method + " " + request.path +
+                               " (served: GET /, /health, /v1/models; POST /v1/completions, /v1/chat/completions)",
+                      "", "unknown_url");
+    case 405:
+      return ApiError(405, "method " + request.method + " is not allowed on " + request.path);
+    case 413:
+      return ApiError(413, "the request body exceeds the server's limit of " + std::to_string(max_body_bytes) +
+                               " bytes (--max-body-bytes)", "", "request_too_large");
+    case 414:
+      return ApiError(414, "the request URI is too long");
+    default:
+      return ApiError(status, "the request could not be processed (HTTP " + std::to_string(status) + ")", "", "",
+                      status >= 500 ? "server_error" : "invalid_request_error");
+  }
+}
+
+}  // namespace
+
+ModelSlot* Server::State::find(const std::string& name) {
+  for (auto& slot : models) {
+    if (slot.name == name) return &slot;
+  }
+  return nullptr;
+}
+
+void send_error(httplib::Response& response, const ApiError& error) {
+  response.status = error.status;
+  response.set_content(error_body(error).dump(), "application/json");
+}
+
+Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(std::make_unique<State>()) {
+  DSCHAT_CHECK(!models.empty(), InvalidArgument, "serve: no model given");
+  DSCHAT_CHECK(options.default_max_tokens >= 1, InvalidArgument, "serve: default_max_tokens must be at least 1, got ",
+               options.default_max_tokens);
+  DSCHAT_CHECK(options.max_body_bytes >= 1024, InvalidArgument, "serve: max_body_bytes must be at least 1024, got ",
+               options.max_body_bytes);
+  State& state = *state_;
+  state.options = std::move(options);
+  std::set<std::string> names;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto& served : models) {
+    DSCHAT_CHECK(!served.name.empty(), InvalidArgument, "serve: a model needs a name");
+    DSCHAT_CHECK(names.insert(served.name).second, InvalidArgument, "serve: the model name '", served.name,
+                 "' is given twice; name them apart with --model NAME=DIR");
+    inference::InferenceEngineOptions engine;
+    engine.max_out_tokens = state.options.max_out_tokens;
+    engine.enable_cuda_graph = state.options.enable_cuda_graph;
+    ModelSlot slot;
+    slot.name = served.name;
+    slot.vocab_size = served.model->config().vocab_size;
+    slot.created = now;
+    slot.scheduler = std::make_unique<BatchScheduler>(served.model, std::move(served.tokenizer), engine,
+                                                      state.options.scheduler);
+    state.models.push_back(std::move(slot));
+  }
+
+  httplib::Server& http = state.http;
+  const SchedulerOptions& scheduler = state.options.scheduler;
+  // A thread per open connection: every queued and running request of every model, plus room for
+  // /health, /v1/models and the page while all of those wait.
+  const int threads = state.options.http_threads > 0
+                          ? state.options.http_threads
+                          : static_cast<int>(static_cast<int64_t>(state.models.size()) *
+                                                 (scheduler.max_queue + scheduler.max_batch_rows) + 16);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(state.options.max_body_bytes);
+  http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+    const std::string& key = state_->options.api_key;
+    if (key.empty() || request.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string header = request.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (header.rfind(prefix, 0) == 0 && same_key(header.substr(prefix.size()), key)) {
+      return httplib::Server::HandlerResponse::Unhandled;  // authorised: route it
+    }
+    send_error(response, ApiError(401, header.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
+                                                      : "incorrect API key provided",
+                                  "", "invalid_api_key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& request,
+                                                                    httplib::Response& response) {
+    if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
+    send_error(response, error_for_status(request, response.status, state_->options.max_body_bytes));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+    std::string message = "internal error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = std::string("internal error: ") + e.what();
+    } catch (...) {
+    }
+    send_error(response, ApiError(500, message, "", "", "server_error"));
+  });
+  http.Get("/", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content(web_page(), "text/html; charset=utf-8");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+    response.set_content(health(*state_).dump(), "application/json");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+    response.set_content(model_list(*state_).dump(), "application/json");
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_generation(*state_, request, response, Endpoint::kCompletions);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_generation(*state_, request, response, Endpoint::kChat);
+  });
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  State& state = *state_;
+  int port = state.options.port;
+  if (port == 0) {
+    port = state.http.bind_to_any_port(state.options.host);
+    DSCHAT_CHECK(port > 0, IoError, "serve: cannot bind ", state.options.host, " on any port");
+  } else {
+    DSCHAT_CHECK(state.http.bind_to_port(state.options.host, port), IoError, "serve: cannot bind ", state.options.host,
+                 ":", port, " (in use, or not an address of this machine?)");
+  }
+  return port;
+}
+
+void Server::serve() {
+  DSCHAT_CHECK(state_->http.is_valid(), InvalidArgument, "serve: the HTTP server could not be set up");
+  state_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  State& state = *state_;
+  state.stopping = true;
+  for (auto& slot : state.models) slot.scheduler->stop();  // ends every stream and waiting answer
+  state.http.stop();
+}
+
+}  // namespace serve
+}  // namespace dschat

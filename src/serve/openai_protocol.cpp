@@ -1,0 +1,318 @@
+#include "serve/openai_protocol.h"
+
+#include <atomic>
+#include <set>
+
+namespace dschat {
+namespace serve {
+namespace {
+
+using nlohmann::json;
+
+// Keys accepted and ignored: they change nothing here (attribution, storage, tool-less defaults).
+const std::set<std::string> kIgnoredKeys = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+
+ApiError bad_value(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
+
+std::string type_name(const json& value) { return value.type_name(); }
+
+// The keys of each endpoint, for the unknown-key check.
+const std::set<std::string>& known_keys(Endpoint endpoint) {
+  static const std::set<std::string> shared = {
+      "model",          "max_tokens", "temperature",  "top_p",   "top_k",       "n",
+      "stop",           "seed",       "stream",       "stream_options", "logprobs", "presence_penalty",
+      "frequency_penalty", "logit_bias"};
+  static const std::set<std::string> chat = [] {
+    std::set<std::string> keys = shared;
+    keys.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
+                 "function_call", "response_format"});
+    return keys;
+  }();
+  static const std::set<std::string> completions = [] {
+    std::set<std::string> keys = shared;
+    keys.insert({"prompt", "echo", "best_of", "suffix"});
+    return keys;
+  }();
+  return endpoint == Endpoint::kChat ? chat : completions;
+}
+
+double number(const json& body, const std::string& key, double fallback, double lo, double hi, bool lo_open) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const json& value = body[key];
+  if (!value.is_number()) throw bad_value(key, "'" + key + "' must be a number, got " + type_name(value));
+  const double x = value.get<double>();
+  if (x > hi || x < lo || (lo_open && x == lo)) {
+    throw bad_value(key, "'" + key + "' must be in " + std::string(lo_open ? "(" : "[") + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], got " + value.dump());
+  }
+  return x;
+}
+
+int64_t integer(const json& body, const std::string& key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const json& value = body[key];
+  if (!value.is_number_integer()) throw bad_value(key, "'" + key + "' must be an integer, got " + value.dump());
+  const int64_t x = value.get<int64_t>();
+  if (x < lo || x > hi) {
+    throw bad_value(key, "'" + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                             std::to_string(x));
+  }
+  return x;
+}
+
+// Parameters whose effect is not implemented: refused unless at their no-op value.
+void refuse_unsupported(const json& body) {
+  const auto present = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  const auto refuse = [](const std::string& key, const std::string& what) {
+    throw bad_value(key, "'" + key + "' is not supported by dschat serve (" + what + ")");
+  };
+  if (present("logprobs") && body["logprobs"] != false && body["logprobs"] != 0) refuse("logprobs", "no log-probabilities are returned");
+  if (present("top_logprobs")) refuse("top_logprobs", "no log-probabilities are returned");
+  if (present("echo") && body["echo"] != false) refuse("echo", "the prompt is not echoed");
+  if (present("best_of") && body["best_of"] != 1) refuse("best_of", "use n");
+  if (present("suffix")) refuse("suffix", "no insertion mode");
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (present(key) && (!body[key].is_number() || body[key].get<double>() != 0.0)) refuse(key, "only 0 is accepted");
+  }
+  if (present("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) refuse("logit_bias", "no logit bias");
+  for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
+    if (present(key)) refuse(key, "no tool calling");
+  }
+  if (present("response_format") && !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
+    refuse("response_format", "only {\"type\": \"text\"}");
+  }
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  if (!body.contains("stop") || body["stop"].is_null()) return {};
+  const json& stop = body["stop"];
+  std::vector<std::string> out;
+  if (stop.is_string()) {
+    out.push_back(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    if (stop.size() > 4) throw bad_value("stop", "'stop' takes at most 4 sequences, got " + std::to_string(stop.size()));
+    for (const auto& item : stop) {
+      if (!item.is_string()) throw bad_value("stop", "'stop' must be a string or a list of strings");
+      out.push_back(item.get<std::string>());
+    }
+  } else {
+    throw bad_value("stop", "'stop' must be a string or a list of strings, got " + type_name(stop));
+  }
+  for (const auto& s : out) {
+    if (s.empty()) throw bad_value("stop", "'stop' sequences must not be empty");
+  }
+  return out;
+}
+
+std::string message_content(const json& message, size_t index) {
+  const std::string where = "messages[" + std::to_string(index) + "].content";
+  if (!message.contains("content") || message["content"].is_null()) throw bad_value(where, "'" + where + "' is required");
+  const json& content = message["content"];
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_array()) {  // content parts: only text parts, concatenated
+    std::string text;
+    for (const auto& part : content) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+        throw bad_value(where, "'" + where + "' parts must be {\"type\": \"text\", \"text\": ...} (no images or audio)");
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+  throw bad_value(where, "'" + where + "' must be a string, got " + type_name(content));
+}
+
+void read_messages(const json& body, ApiRequest& request) {
+  if (!body.contains("messages")) throw bad_value("messages", "'messages' is required");
+  const json& messages = body["messages"];
+  if (!messages.is_array() || messages.empty()) throw bad_value("messages", "'messages' must be a non-empty list");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& message = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!message.is_object()) throw bad_value(where, "'" + where + "' must be an object");
+    if (!message.contains("role") || !message["role"].is_string()) throw bad_value(where + ".role", "'" + where + ".role' is required");
+    std::string role = message["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant") {
+      throw bad_value(where + ".role", "'" + where + ".role' must be system, user or assistant, got '" + role + "'");
+    }
+    request.messages.push_back(ChatMessage{role, message_content(message, i)});
+  }
+}
+
+void read_prompt(const json& body, ApiRequest& request) {
+  if (!body.contains("prompt")) throw bad_value("prompt", "'prompt' is required");
+  const json& prompt = body["prompt"];
+  const auto ids = [](const json& list) {
+    std::vector<int64_t> out;
+    for (const auto& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) throw bad_value("prompt", "'prompt' token ids must be integers >= 0");
+      out.push_back(id.get<int64_t>());
+    }
+    if (out.empty()) throw bad_value("prompt", "'prompt' must not be empty");
+    return out;
+  };
+  if (prompt.is_string()) {
+    request.prompts.push_back(prompt.get<std::string>());
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_string()) {
+    for (const auto& item : prompt) {
+      if (!item.is_string()) throw bad_value("prompt", "'prompt' lists must hold only strings (or only token ids)");
+      request.prompts.push_back(item.get<std::string>());
+    }
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+    request.prompt_ids.push_back(ids(prompt));
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_array()) {
+    for (const auto& item : prompt) request.prompt_ids.push_back(ids(item));
+  } else {
+    throw bad_value("prompt", "'prompt' must be a string, a list of strings or a list of token ids");
+  }
+}
+
+}  // namespace
+
+ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_, std::string type_)
+    : std::runtime_error(std::move(message)),
+      status(status_),
+      type(std::move(type_)),
+      param(std::move(param_)),
+      code(std::move(code_)) {}
+
+json error_body(const ApiError& error) {
+  json body = {{"message", error.what()}, {"type", error.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!error.param.empty()) body["param"] = error.param;
+  if (!error.code.empty()) body["code"] = error.code;
+  return json{{"error", body}};
+}
+
+ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t default_max_tokens) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_name(body));
+  const auto& known = known_keys(endpoint);
+  for (const auto& item : body.items()) {
+    if (!known.count(item.key()) && !kIgnoredKeys.count(item.key())) {
+      throw bad_value(item.key(), "unrecognized request argument supplied: '" + item.key() + "'");
+    }
+  }
+  refuse_unsupported(body);
+  ApiRequest request;
+  request.endpoint = endpoint;
+  if (!body.contains("model") || !body["model"].is_string()) throw bad_value("model", "'model' is required (a string)");
+  request.model = body["model"].get<std::string>();
+  if (endpoint == Endpoint::kChat) {
+    read_messages(body, request);
+  } else {
+    read_prompt(body, request);
+  }
+  SamplingParams& params = request.params;
+  const char* length_key = endpoint == Endpoint::kChat && body.contains("max_completion_tokens") &&
+                                   !body["max_completion_tokens"].is_null()
+                               ? "max_completion_tokens"
+                               : "max_tokens";
+  params.max_tokens = integer(body, length_key, default_max_tokens, 1, 1 << 20);
+  params.temperature = number(body, "temperature", 1.0, 0.0, 2.0, false);
+  params.top_p = number(body, "top_p", 1.0, 0.0, 1.0, true);
+  params.top_k = integer(body, "top_k", 0, 0, 1 << 20);
+  params.n = integer(body, "n", 1, 1, 128);
+  params.stop = stop_strings(body);
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) throw bad_value("seed", "'seed' must be an integer");
+    params.seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
+  }
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean()) throw bad_value("stream", "'stream' must be true or false");
+    request.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json& options = body["stream_options"];
+    if (!request.stream) throw bad_value("stream_options", "'stream_options' is only allowed with stream: true");
+    if (!options.is_object()) throw bad_value("stream_options", "'stream_options' must be an object");
+    for (const auto& item : options.items()) {
+      if (item.key() != "include_usage" || !item.value().is_boolean()) {
+        throw bad_value("stream_options." + item.key(), "'stream_options' takes only include_usage (true or false)");
+      }
+    }
+    request.include_usage = options.value("include_usage", false);
+  }
+  if (params.greedy() && params.n > 1 && !params.seed) {
+    // n greedy answers are n copies; allowed (OpenAI allows it), nothing to refuse.
+  }
+  return request;
+}
+
+std::string new_response_id(Endpoint endpoint) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  char digits[40];
+  std::snprintf(digits, sizeof(digits), "%012llx%06llx", static_cast<unsigned long long>(salt & 0xffffffffffffULL),
+                static_cast<unsigned long long>(++counter & 0xffffffULL));
+  return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + digits;
+}
+
+namespace {
+
+json usage(int64_t prompt_tokens, int64_t completion_tokens) {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+json envelope(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, bool chunk) {
+  const char* object = endpoint == Endpoint::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                   : "text_completion";
+  return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}};
+}
+
+}  // namespace
+
+json full_response(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                   const std::vector<ChoiceResult>& choices, int64_t prompt_tokens, int64_t completion_tokens) {
+  json body = envelope(endpoint, id, created, model, false);
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json choice = {{"index", i}, {"finish_reason", choices[i].finish_reason}};
+    if (endpoint == Endpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      choice["text"] = choices[i].text;
+      choice["logprobs"] = nullptr;
+    }
+    list.push_back(choice);
+  }
+  body["choices"] = list;
+  body["usage"] = usage(prompt_tokens, completion_tokens);
+  return body;
+}
+
+json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
+                  const std::string& text, const std::string& finish_reason, bool first) {
+  json body = envelope(endpoint, id, created, model, true);
+  json choice = {{"index", index}, {"finish_reason", nullptr}};
+  if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
+  if (endpoint == Endpoint::kChat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (first || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  body["choices"] = json::array({choice});
+  return body;
+}
+
+json usage_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                 int64_t prompt_tokens, int64_t completion_tokens) {
+  json body = envelope(endpoint, id, created, model, true);
+  body["choices"] = json::array();
+  body["usage"] = usage(prompt_tokens, completion_tokens);
+  return body;
+}
+
+}  // namespace serve
+}  // namespace dschat

@@ -1,0 +1,67 @@
+#pragma once
+// OpenAI's HTTP API as JSON: request bodies of /v1/completions and /v1/chat/completions parsed and
+// checked (every bad value becomes an ApiError naming its key), and the response, stream-chunk and
+// error objects built. No I/O here: http_server.cpp moves the bytes.
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dschat/serve/chat_template.h"
+#include "dschat/serve/generation_request.h"
+
+namespace dschat {
+namespace serve {
+
+/// An answer with an error status: {"error": {"message", "type", "param", "code"}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = "", std::string code = "",
+           std::string type = "invalid_request_error");
+  int status;
+  std::string type, param, code;
+};
+
+nlohmann::json error_body(const ApiError& error);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string model;
+  std::vector<std::string> prompts;                 // completions: text prompts
+  std::vector<std::vector<int64_t>> prompt_ids;     // completions: prompts given as token ids
+  std::vector<ChatMessage> messages;                // chat
+  SamplingParams params;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+/// Parses and checks a request body. `default_max_tokens` applies when max_tokens is absent.
+ApiRequest parse_api_request(const std::string& body, Endpoint endpoint, int64_t default_max_tokens);
+
+/// One finished choice of a non-streamed answer.
+struct ChoiceResult {
+  std::string text;
+  std::string finish_reason;
+};
+
+/// "cmpl-..." / "chatcmpl-...": unique within the server's life.
+std::string new_response_id(Endpoint endpoint);
+
+nlohmann::json full_response(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                             const std::vector<ChoiceResult>& choices, int64_t prompt_tokens, int64_t completion_tokens);
+
+/// One streamed chunk for choice `index`: `text` (may be empty), `finish_reason` ("" = null).
+/// For chat, `first` adds the delta's role.
+nlohmann::json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                            int64_t index, const std::string& text, const std::string& finish_reason, bool first);
+
+/// The last chunk of a stream with include_usage: no choices, the usage object.
+nlohmann::json usage_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                           int64_t prompt_tokens, int64_t completion_tokens);
+
+}  // namespace serve
+}  // namespace dschat

@@ -1,0 +1,270 @@
+"""`dschat serve` through the official `openai` Python client (and raw HTTP where the client would
+hide what is checked): completions, chat, streaming, n, seeds, stop sequences, usage, errors, the
+API key, batching, a reader that never reads, and a disconnect that cancels.
+
+Run: .venv/bin/python tests/serve/api_test.py   (ctest: serve_api). The served model is the
+bundled tiny random OPT: its text is gibberish, which is all a protocol test needs; greedy answers
+are compared with `dschat generate` on the same prompt.
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_fixture import CLI, TINY_MODEL, TOKENIZER, ServedModels  # noqa: E402
+
+import openai  # noqa: E402
+
+PROMPT = "Human: what is the capital of France? Assistant:"
+
+
+def dschat_generate(prompt, max_new_tokens):
+    """The CLI's greedy continuation (stdout is the text plus a newline)."""
+    out = subprocess.run([CLI, "generate", "--model", str(TINY_MODEL), "--tokenizer", str(TOKENIZER), "--device", "cpu",
+                          "--prompt", prompt, "--max-new-tokens", str(max_new_tokens)],
+                         check=True, capture_output=True, text=True).stdout
+    assert out.endswith("\n"), out
+    return out[:-1]
+
+
+def count_tokens(text):
+    """Tokens of `text` by Hugging Face's GPT-2 tokenizer (the served model's)."""
+    from transformers import GPT2TokenizerFast
+    return len(GPT2TokenizerFast.from_pretrained(str(TOKENIZER))(text)["input_ids"])
+
+
+def raw_post(url, path, body, headers=None):
+    """(status, parsed JSON) of a POST with a raw body."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    return response.status, json.loads(payload)
+
+
+class ServeApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = ServedModels(extra_args=["--max-queue", "32"]).__enter__()
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.server.stop()
+        assert status == 0, f"dschat serve exited {status} on SIGTERM; log:\n{cls.server.log()}"
+
+    def complete(self, **kwargs):
+        return self.client.completions.create(model="tiny", prompt=PROMPT, **kwargs)
+
+    def test_models_and_health(self):
+        self.assertEqual([m.id for m in self.client.models.list().data], ["tiny", "tiny-b"])
+        health = self.server.get_json("/health")
+        self.assertEqual(health["status"], "ok")
+        self.assertEqual(health["models"], ["tiny", "tiny-b"])
+        self.assertGreater(health["rss_bytes"], 0)
+
+    def test_greedy_completion_equals_dschat_generate(self):
+        expected = dschat_generate(PROMPT, 12)
+        answer = self.complete(max_tokens=12, temperature=0)
+        self.assertEqual(answer.choices[0].text, expected)
+        self.assertEqual(answer.object, "text_completion")
+        self.assertEqual(answer.model, "tiny")
+        self.assertEqual(answer.usage.prompt_tokens, count_tokens(PROMPT))
+        if answer.choices[0].finish_reason == "length":
+            self.assertEqual(answer.usage.completion_tokens, 12)
+        self.assertEqual(answer.usage.total_tokens, answer.usage.prompt_tokens + answer.usage.completion_tokens)
+
+    def test_chat_uses_deepspeed_chat_template(self):
+        # The reply is the continuation of " Human: ...\n Assistant: ", cut at the model's own
+        # "Human:" turn, leading whitespace dropped (chat.py's process_response).
+        question = "what is the capital of France?"
+        generated = dschat_generate(f" Human: {question}\n Assistant: ", 20)
+        cuts = [i for i in (generated.find(" Human:"), generated.find("Human:")) if i >= 0]
+        expected = (generated[:min(cuts)] if cuts else generated).lstrip()
+        answer = self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}],
+                                                     max_tokens=20, temperature=0)
+        self.assertEqual(answer.choices[0].message.role, "assistant")
+        self.assertEqual(answer.choices[0].message.content, expected)
+        self.assertEqual(answer.usage.prompt_tokens, count_tokens(f" Human: {question}\n Assistant: "))
+
+    def test_streamed_completion_adds_up_to_the_whole_answer(self):
+        whole = self.complete(max_tokens=24, temperature=0)
+        chunks = list(self.complete(max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}))
+        text_chunks = [c for c in chunks if c.choices]
+        self.assertGreater(len(text_chunks), 2)  # streamed piece by piece, not in one go
+        self.assertEqual("".join(c.choices[0].text for c in text_chunks), whole.choices[0].text)
+        self.assertEqual(text_chunks[-1].choices[0].finish_reason, whole.choices[0].finish_reason)
+        self.assertTrue(all(c.choices[0].finish_reason is None for c in text_chunks[:-1]))
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, whole.usage.completion_tokens)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, whole.usage.prompt_tokens)
+
+    def test_streamed_chat(self):
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hi"}, {"role": "user", "content": "how are you?"}]
+        whole = self.client.chat.completions.create(model="tiny-b", messages=messages, max_tokens=16, temperature=0)
+        chunks = list(self.client.chat.completions.create(model="tiny-b", messages=messages, max_tokens=16,
+                                                          temperature=0, stream=True))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        self.assertEqual(chunks[0].object, "chat.completion.chunk")
+        self.assertEqual(len({c.id for c in chunks}), 1)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        self.assertEqual(text, whole.choices[0].message.content)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, whole.choices[0].finish_reason)
+
+    def test_n_and_seed(self):
+        first = self.complete(max_tokens=10, temperature=1.0, n=3, seed=7)
+        again = self.complete(max_tokens=10, temperature=1.0, n=3, seed=7)
+        other = self.complete(max_tokens=10, temperature=1.0, n=3, seed=8)
+        self.assertEqual([c.index for c in first.choices], [0, 1, 2])
+        self.assertEqual([c.text for c in first.choices], [c.text for c in again.choices])
+        self.assertNotEqual([c.text for c in first.choices], [c.text for c in other.choices])
+        self.assertEqual(len({c.text for c in first.choices}), 3)  # three draws, not one copied
+        self.assertEqual(first.usage.prompt_tokens, count_tokens(PROMPT))  # the prompt counted once
+        greedy = self.complete(max_tokens=10, temperature=0, n=2)
+        self.assertEqual(greedy.choices[0].text, greedy.choices[1].text)
+        # A list of prompts: prompt p's n answers are choices p*n .. p*n+n-1.
+        several = self.client.completions.create(model="tiny", prompt=[PROMPT, "Hello"], max_tokens=6, temperature=0,
+                                                 n=2)
+        self.assertEqual(len(several.choices), 4)
+        self.assertEqual(several.choices[2].text, self.client.completions.create(
+            model="tiny", prompt="Hello", max_tokens=6, temperature=0).choices[0].text)
+
+    def test_top_k_one_is_greedy(self):
+        greedy = self.complete(max_tokens=10, temperature=0)
+        top1 = self.complete(max_tokens=10, temperature=1.5, seed=3, extra_body={"top_k": 1})
+        self.assertEqual(top1.choices[0].text, greedy.choices[0].text)
+
+    def test_stop_sequences(self):
+        text = self.complete(max_tokens=30, temperature=0).choices[0].text
+        self.assertGreater(len(text), 12, text)
+        stop = text[6:9]
+        cut = text[:text.find(stop)]
+        answer = self.complete(max_tokens=30, temperature=0, stop=[stop, "\u2603never"])
+        self.assertEqual(answer.choices[0].text, cut)
+        self.assertEqual(answer.choices[0].finish_reason, "stop")
+        streamed = list(self.complete(max_tokens=30, temperature=0, stop=stop, stream=True))
+        self.assertEqual("".join(c.choices[0].text for c in streamed), cut)  # the stop text never leaks out
+        self.assertEqual(streamed[-1].choices[0].finish_reason, "stop")
+
+    def test_errors_name_the_problem(self):
+        cases = [
+            (dict(model="nope"), openai.NotFoundError, "model", "model_not_found"),
+            (dict(temperature=5), openai.BadRequestError, "temperature", None),
+            (dict(top_p=0), openai.BadRequestError, "top_p", None),
+            (dict(max_tokens=-1), openai.BadRequestError, "max_tokens", None),
+            (dict(n=0), openai.BadRequestError, "n", None),
+            (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop", None),
+            (dict(max_tokens=10_000), openai.BadRequestError, "prompt", "context_length_exceeded"),
+            (dict(logprobs=2), openai.BadRequestError, "logprobs", None),
+            (dict(extra_body={"frobnicate": 1}), openai.BadRequestError, "frobnicate", None),
+        ]
+        for overrides, error_type, param, code in cases:
+            with self.subTest(overrides=overrides):
+                args = dict(model="tiny", prompt=PROMPT, max_tokens=4)
+                args.update(overrides)
+                with self.assertRaises(error_type) as caught:
+                    self.client.completions.create(**args)
+                error = caught.exception.body
+                self.assertEqual(error["param"], param, error)
+                self.assertEqual(error["type"], "invalid_request_error")
+                self.assertTrue(error["message"])
+                if code:
+                    self.assertEqual(error["code"], code)
+        long_prompt = "word " * 600
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long_prompt}])
+        self.assertEqual(caught.exception.body["code"], "context_length_exceeded")
+        self.assertIn("256", caught.exception.body["message"])  # tiny-opt's max_position_embeddings
+        status, body = raw_post(self.server.url, "/v1/chat/completions", b"{not json")
+        self.assertEqual((status, body["error"]["type"]), (400, "invalid_request_error"))
+        self.assertIn("JSON", body["error"]["message"])
+        status, body = raw_post(self.server.url, "/v1/chat/completions", b"[1, 2]")
+        self.assertEqual(status, 400)
+        status, body = raw_post(self.server.url, "/v1/chat/completions",
+                                json.dumps({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}))
+        self.assertEqual((status, body["error"]["param"]), (400, "messages[0].role"))
+        status, body = raw_post(self.server.url, "/v1/nowhere", b"{}")
+        self.assertEqual((status, body["error"]["code"]), (404, "unknown_url"))
+        status, body = raw_post(self.server.url, "/v1/completions", b"x" * (2 << 20))
+        self.assertEqual((status, body["error"]["code"]), (413, "request_too_large"))
+        self.assertIsNone(self.server.process.poll())  # still serving
+
+    def test_a_reader_that_never_reads_blocks_nobody(self):
+        host, port = self.server.url.removeprefix("http://").split(":")
+        stalled = socket.create_connection((host, int(port)))
+        body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "stream": True}).encode()
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            started = time.monotonic()
+            answer = self.client.completions.create(model="tiny-b", prompt="Hello", max_tokens=8, temperature=0)
+            self.assertTrue(answer.choices[0].text)
+            self.assertLess(time.monotonic() - started, 30)
+        finally:
+            stalled.close()
+
+    def test_a_disconnect_cancels_the_generation(self):
+        before = self.server.get_json("/health")["cancelled_total"]
+        host, port = self.server.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 250, "temperature": 0.8,
+                           "top_k": 50}).encode()
+        client = socket.create_connection((host, int(port)))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.3)  # generating now
+        client.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            health = self.server.get_json("/health")
+            if health["cancelled_total"] > before and health["running"] == 0:
+                break
+            time.sleep(0.05)
+        self.assertGreater(health["cancelled_total"], before, health)
+        self.assertEqual(health["running"], 0, health)
+
+
+class BatchingTest(unittest.TestCase):
+    def test_concurrent_requests_share_batches_and_answer_as_alone(self):
+        prompts = [f"Request number {i} says" + " more" * i for i in range(8)]
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=["--batch-window-ms", "300"]) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            alone = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text
+                     for p in prompts]
+            batches_before = server.get_json("/health")["batches_total"]
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                together = list(pool.map(lambda p: client.completions.create(
+                    model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text, prompts))
+            batches = server.get_json("/health")["batches_total"] - batches_before
+        self.assertLess(batches, len(prompts) // 2, "concurrent requests were not batched")
+        self.assertEqual(together, alone)  # left padding in a batch changes no greedy answer
+
+
+class ApiKeyTest(unittest.TestCase):
+    def test_every_v1_call_needs_the_key(self):
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], env={"DSCHAT_API_KEY": "s3cret"}) as server:
+            wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+            with self.assertRaises(openai.AuthenticationError) as caught:
+                wrong.models.list()
+            self.assertEqual(caught.exception.body["code"], "invalid_api_key")
+            with self.assertRaises(openai.AuthenticationError):
+                wrong.completions.create(model="tiny", prompt="x", max_tokens=2)
+            status, body = raw_post(server.url, "/v1/completions", json.dumps({"model": "tiny", "prompt": "x"}))
+            self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))  # no header at all
+            self.assertIn("Authorization: Bearer", body["error"]["message"])
+            good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+            self.assertEqual([m.id for m in good.models.list().data], ["tiny"])
+            self.assertTrue(good.completions.create(model="tiny", prompt="x", max_tokens=2).choices)
+            self.assertEqual(server.get_json("/health")["status"], "ok")  # liveness needs no key
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
