@@ -1,6 +1,8 @@
 #include "serve/openai_protocol.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <set>
 
 namespace dschat {
@@ -15,6 +17,12 @@ const std::set<std::string> kIgnoredKeys = {"user", "metadata", "store", "servic
 ApiError bad_value(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
 
 std::string type_name(const json& value) { return value.type_name(); }
+
+std::string compact(double x) {  // 2 rather than 2.000000
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
+}
 
 // The keys of each endpoint, for the unknown-key check.
 const std::set<std::string>& known_keys(Endpoint endpoint) {
@@ -42,8 +50,8 @@ double number(const json& body, const std::string& key, double fallback, double 
   if (!value.is_number()) throw bad_value(key, "'" + key + "' must be a number, got " + type_name(value));
   const double x = value.get<double>();
   if (x > hi || x < lo || (lo_open && x == lo)) {
-    throw bad_value(key, "'" + key + "' must be in " + std::string(lo_open ? "(" : "[") + std::to_string(lo) + ", " +
-                             std::to_string(hi) + "], got " + value.dump());
+    throw bad_value(key, "'" + key + "' must be in " + std::string(lo_open ? "(" : "[") + compact(lo) + ", " + compact(hi) +
+                             "], got " + value.dump());
   }
   return x;
 }
@@ -237,9 +245,6 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
       }
     }
     request.include_usage = options.value("include_usage", false);
-  }
-  if (params.greedy() && params.n > 1 && !params.seed) {
-    // n greedy answers are n copies; allowed (OpenAI allows it), nothing to refuse.
   }
   return request;
 }
