@@ -67,6 +67,8 @@ class ServedModels:
                 self.process.kill()
                 self.process.wait()
                 raise RuntimeError(f"dschat serve did not stop within {timeout_s} s of SIGTERM")
+        self.process.stdout.close()
+        self._log.close()
         return self.process.returncode
 
     def log(self):
