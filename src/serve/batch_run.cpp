@@ -1,6 +1,8 @@
 #include "serve/batch_run.h"
 
+#include <map>
 #include <random>
+#include <tuple>
 
 #include "dschat/inference/logits_processing.h"
 
@@ -69,23 +71,49 @@ void BatchRun::run(inference::InferenceEngine& engine) {
 
 torch::Tensor BatchRun::select_next(const torch::Tensor& logits, int64_t step) {
   torch::Tensor next = logits.argmax(1);  // [R]: greedy rows' tokens; sampled rows overwritten below
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    const SamplingParams& params = requests_[i]->params();
-    if (params.greedy()) continue;
-    std::vector<int64_t> live;  // this request's rows still decoding, in row order
-    for (size_t r = 0; r < rows_.size(); ++r) {
-      if (rows_[r].request_index == i && !rows_[r].ended) live.push_back(static_cast<int64_t>(r));
-    }
-    if (live.empty()) continue;  // its generator draws nothing more
+  // Sampled rows still decoding, grouped by their warpers: one process_logits call per group.
+  std::map<std::tuple<double, int64_t, double>, std::vector<int64_t>> groups;
+  std::vector<std::vector<int64_t>> rows_of_request(requests_.size());
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const SamplingParams& params = rows_[r].request->params();
+    if (rows_[r].ended || params.greedy()) continue;
+    groups[{params.temperature, params.top_k, params.top_p}].push_back(static_cast<int64_t>(r));
+    rows_of_request[rows_[r].request_index].push_back(static_cast<int64_t>(r));
+  }
+  if (groups.empty()) return next;
+  const torch::Device device = logits.device();
+  std::vector<torch::Tensor> probabilities;  // [G_i, V] per group
+  std::vector<int64_t> order;                // their rows, in that order
+  for (const auto& [key, rows] : groups) {
     core::GenerationConfig sampling;
     sampling.do_sample = true;
-    sampling.temperature = params.temperature;
-    sampling.top_k = params.top_k;
-    sampling.top_p = params.top_p;
-    torch::Tensor index = torch::tensor(live, torch::kInt64).to(logits.device());  // [L]
-    torch::Tensor picked = inference::process_logits(logits.index_select(0, index), torch::Tensor(), sampling, step);
-    next.index_copy_(0, index, inference::select_next_tokens(picked, sampling, generators_[i]));  // [L] into [R]
+    std::tie(sampling.temperature, sampling.top_k, sampling.top_p) = key;
+    torch::Tensor index = torch::tensor(rows, torch::kInt64).to(device);  // [G_i]
+    probabilities.push_back(
+        inference::process_logits(logits.index_select(0, index), torch::Tensor(), sampling, step).softmax(1));
+    order.insert(order.end(), rows.begin(), rows.end());
   }
+  // One uniform per live row from its request's own generator, drawn in row order: a request's
+  // draws depend on its seed and its rows only, never on what else is in the batch.
+  torch::Tensor uniform = torch::zeros({static_cast<int64_t>(rows_.size())}, torch::dtype(torch::kFloat64).device(device));  // [R]
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    const auto& rows = rows_of_request[i];
+    if (rows.empty()) continue;  // its generator draws nothing more
+    at::Generator& generator = generators_[i];
+    torch::Tensor draws = torch::rand({static_cast<int64_t>(rows.size())}, generator,
+                                      torch::dtype(torch::kFloat64).device(generator.device()));  // [L_i]
+    uniform.index_copy_(0, torch::tensor(rows, torch::kInt64).to(device), draws.to(device));
+  }
+  // Inverse-CDF sampling: the first token whose cumulative probability exceeds u * total. One
+  // uniform per row instead of multinomial's draw per vocabulary entry.
+  torch::Tensor sampled_rows = torch::tensor(order, torch::kInt64).to(device);  // [S]
+  torch::Tensor cdf = torch::cat(probabilities, 0).cumsum(1);                    // [S, V]
+  torch::Tensor target = uniform.index_select(0, sampled_rows).unsqueeze(1).to(cdf.scalar_type()) *
+                         cdf.narrow(1, cdf.size(1) - 1, 1);                      // [S, 1]
+  torch::Tensor picked = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true)
+                             .squeeze(1)
+                             .clamp_max(cdf.size(1) - 1);  // [S]
+  next.index_copy_(0, sampled_rows, picked);
   return next;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // One batch of requests through one InferenceEngine call: lays the rows out (prompt p's n answers
-// in adjacent rows), samples every row with its own request's settings and generator, turns each
+// in adjacent rows), samples every row with its own request's settings and generator (rows with
+// the same temperature/top-k/top-p warped together, then one inverse-CDF draw per row), turns each
 // step's ids into text (TextStream: stop strings, split characters) and streams it back, and ends
 // rows that are done: EOS, a stop string, max_tokens, or a client that went away.
 

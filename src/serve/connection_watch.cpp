@@ -36,9 +36,19 @@ bool peer_of(int fd, std::string& address, int& port) {
   return true;
 }
 
-}  // namespace
+// The port a socket is bound to, or -1.
+int local_port_of(int fd) {
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return -1;
+  if (local.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&local)->sin_port);
+  if (local.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&local)->sin6_port);
+  return -1;
+}
 
-int find_connection_socket(const std::string& remote_addr, int remote_port) {
+// The first of this process's sockets for which `match(fd)` holds, or -1.
+template <typename Match>
+int find_socket(Match&& match) {
   DIR* fds = ::opendir("/proc/self/fd");
   if (fds == nullptr) return -1;
   int found = -1;
@@ -48,15 +58,33 @@ int find_connection_socket(const std::string& remote_addr, int remote_port) {
     if (end == entry->d_name || *end != '\0') continue;  // "." and ".."
     struct stat info {};
     if (::fstat(static_cast<int>(fd), &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
-    std::string address;
-    int port = -1;
-    if (peer_of(static_cast<int>(fd), address, port) && port == remote_port && address == remote_addr) {
+    if (match(static_cast<int>(fd))) {
       found = static_cast<int>(fd);
       break;
     }
   }
   ::closedir(fds);
   return found;
+}
+
+}  // namespace
+
+int find_connection_socket(const std::string& remote_addr, int remote_port) {
+  return find_socket([&](int fd) {
+    std::string address;
+    int port = -1;
+    return peer_of(fd, address, port) && port == remote_port && address == remote_addr;
+  });
+}
+
+bool widen_listen_backlog(int port) {
+  const int listener = find_socket([&](int fd) {
+    int accepting = 0;
+    socklen_t length = sizeof(accepting);
+    return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &length) == 0 && accepting != 0 &&
+           local_port_of(fd) == port;
+  });
+  return listener >= 0 && ::listen(listener, SOMAXCONN) == 0;  // listen() again only resizes the queue
 }
 
 bool peer_closed(int socket) {

@@ -7,6 +7,8 @@
 #include <set>
 
 #include "dschat/core/error.h"
+#include "core/log.h"
+#include "serve/connection_watch.h"
 #include "serve/server_state.h"
 
 namespace dschat {
@@ -206,6 +208,7 @@ int Server::bind() {
     DSCHAT_CHECK(state.http.bind_to_port(state.options.host, port), IoError, "serve: cannot bind ", state.options.host,
                  ":", port, " (in use, or not an address of this machine?)");
   }
+  if (!widen_listen_backlog(port)) core::log_warn("serve: could not widen the accept backlog of port ", port);
   return port;
 }
 

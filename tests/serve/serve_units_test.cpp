@@ -192,6 +192,57 @@ TEST(BatchScheduler, CancelledWhileQueuedNeverRunsAndLengthsArePerRequest) {
   EXPECT_EQ(counters.generated_tokens_total, 12);
 }
 
+// The server's sampler (grouped warpers, one inverse-CDF draw per row) draws from the warped
+// distribution: with top_k = 2 every token is one of the two likeliest, and the likeliest comes up
+// about as often as its renormalised probability says.
+TEST(BatchScheduler, SampledTokensFollowTheWarpedDistribution) {
+  const std::vector<int64_t> prompt = {50, 51, 52};
+  models::CausalLM model = tiny_model();
+  torch::Tensor first_logits;  // [1, V]
+  {
+    inference::InferenceEngine engine(model);
+    inference::StepHooks capture;
+    capture.select_next = [&](const torch::Tensor& logits, const torch::Tensor&, int64_t) {
+      first_logits = logits.clone();
+      return logits.argmax(1);
+    };
+    core::GenerationConfig one;
+    one.max_new_tokens = 1;
+    engine.generate(torch::tensor(prompt, torch::kInt64).unsqueeze(0), torch::ones({1, 3}, torch::kInt64), one, capture);
+  }
+  // A low temperature sharpens the random tiny model's near-even top two into a lopsided pair.
+  constexpr double kTemperature = 0.02;
+  const auto [top, ids] = (first_logits / kTemperature).softmax(1).topk(2, 1);  // [1, 2] each
+  const double expected_share = (top[0][0] / top[0].sum()).item<double>();
+
+  SchedulerOptions options;
+  options.max_batch_rows = 64;
+  BatchScheduler scheduler(model, gpt2(), {}, options);
+  int64_t first = 0, total = 0;
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    SamplingParams params;
+    params.max_tokens = 1;
+    params.temperature = kTemperature;
+    params.top_k = 2;
+    params.n = 64;
+    params.seed = seed;
+    auto request = std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{prompt}, params);
+    scheduler.submit(request);
+    std::vector<ChoiceEvent> events;
+    while (!request->wait(events, std::chrono::milliseconds(100))) {}
+    for (const auto& event : events) {
+      if (event.finish_reason.empty()) continue;
+      ++total;
+      const std::string top1 = gpt2().decode({ids[0][0].item<int64_t>()}), top2 = gpt2().decode({ids[0][1].item<int64_t>()});
+      ASSERT_TRUE(event.text == top1 || event.text == top2) << "'" << event.text << "' is not among the top 2";
+      first += event.text == top1 ? 1 : 0;
+    }
+  }
+  ASSERT_EQ(total, 256);
+  // 256 draws: the share's standard deviation is at most 0.031; 0.13 is over 4 of them.
+  EXPECT_NEAR(static_cast<double>(first) / total, expected_share, 0.13) << "expected share " << expected_share;
+}
+
 TEST(StepHooks, CallerPicksTokensAndEndsRows) {
   inference::InferenceEngine engine(tiny_model());
   torch::Tensor ids = torch::tensor({{5, 6, 7}, {8, 9, 10}}, torch::kInt64);  // [2, 3]
