@@ -19,6 +19,19 @@ inference::InferenceEngineOptions quiet(inference::InferenceEngineOptions option
 
 }  // namespace
 
+SchedulerCounters& SchedulerCounters::operator+=(const SchedulerCounters& other) {
+  queued += other.queued;
+  running_rows += other.running_rows;
+  requests_total += other.requests_total;
+  completed_total += other.completed_total;
+  cancelled_total += other.cancelled_total;
+  rejected_total += other.rejected_total;
+  failed_total += other.failed_total;
+  generated_tokens_total += other.generated_tokens_total;
+  batches_total += other.batches_total;
+  return *this;
+}
+
 BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer tokenizer,
                                inference::InferenceEngineOptions engine_options, SchedulerOptions options)
     : tokenizer_(std::move(tokenizer)),

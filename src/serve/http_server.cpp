@@ -53,15 +53,7 @@ json health(const Server::State& state) {
     const SchedulerCounters c = slot.scheduler->counters();
     per_model[slot.name] = counters_json(c);
     names.push_back(slot.name);
-    total.queued += c.queued;
-    total.running_rows += c.running_rows;
-    total.requests_total += c.requests_total;
-    total.completed_total += c.completed_total;
-    total.cancelled_total += c.cancelled_total;
-    total.rejected_total += c.rejected_total;
-    total.failed_total += c.failed_total;
-    total.generated_tokens_total += c.generated_tokens_total;
-    total.batches_total += c.batches_total;
+    total += c;
   }
   json body = counters_json(total);
   body["status"] = state.stopping ? "stopping" : "ok";

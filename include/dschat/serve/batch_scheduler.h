@@ -44,6 +44,9 @@ struct SchedulerCounters {
   int64_t queued = 0, running_rows = 0;
   int64_t requests_total = 0, completed_total = 0, cancelled_total = 0, rejected_total = 0, failed_total = 0;
   int64_t generated_tokens_total = 0, batches_total = 0;
+
+  /// Adds every field (the server's totals over its models).
+  SchedulerCounters& operator+=(const SchedulerCounters& other);
 };
 
 /// submit() on a full queue.
