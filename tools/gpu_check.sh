@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool) from the repository root, with build-gpu-deps/ carried
-# (tools/gpu_deps.sh here first):
+# (tools/gpu_deps.sh here first, then tools/gpu_deps_check.sh to check it is complete):
 #   run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps"], timeout_s=590)
 # One command, under 10 minutes on the H200: builds dschat with CUDA against that machine's torch
 # (2.11+cu130, sm_90 only). Building there rather than carrying a build made here: the binaries
@@ -28,14 +28,8 @@ summary="$out/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
-# The carried .debs, unpacked into a private prefix (no root, no registry needed).
-prefix="$root/build-gpu-deps/root"
-if [ -d build-gpu-deps ] && [ ! -d "$prefix" ]; then
-  for deb in build-gpu-deps/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
-fi
-export CMAKE_PREFIX_PATH="$prefix/usr:${CMAKE_PREFIX_PATH:-}"
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-export CPATH="$prefix/usr/include:${CPATH:-}"
+# The carried .debs (tools/gpu_deps.sh), unpacked into a private prefix (no root, no registry).
+source "$root/tools/gpu_env.sh"
 
 python="${DSCHAT_PYTHON:-$(command -v python3)}"
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \

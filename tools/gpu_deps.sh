@@ -3,12 +3,28 @@
 # needs beyond what the GPU machine has (it has torch with its CUDA LibTorch, nvcc, cmake, ninja,
 # and no package registry) into build-gpu-deps/, which the device tool then carries:
 #   bash tools/gpu_deps.sh   # then: run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps"])
+# tools/gpu_env.sh unpacks them there into a private prefix; tools/gpu_deps_check.sh checks here
+# that the list is complete. `--list` prints the package names and downloads nothing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Each -dev package with the runtime libraries it links (the GPU image is not Debian 12 and has
+# none of them, apart from libssl3 and zlib1g, carried anyway so that every .so link resolves
+# inside the prefix). pkgconf: `pkg-config`, in case the image has none (cpp-httplib is found
+# through it).
+packages=(
+  nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libgloo-dev
+  libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
+  libbenchmark-dev libbenchmark1debian
+  libicu-dev libicu72
+  libssl-dev libssl3 zlib1g-dev zlib1g
+  libpng-dev libpng16-16
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
+  pkgconf pkgconf-bin libpkgconf3
+)
+if [ "${1:-}" = "--list" ]; then printf '%s\n' "${packages[@]}"; exit 0; fi
 out="$root/build-gpu-deps"
+rm -rf "$out"
 mkdir -p "$out"
 cd "$out"
-packages=(nlohmann-json3-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcli11-dev libgtest-dev
-          libgmock-dev libgloo-dev)
 apt-get download "${packages[@]}" >/dev/null
-ls -1 "$out"/*.deb | wc -l | xargs echo "gpu_deps: .deb files in $out:"
+du -sh "$out" | cut -f1 | xargs echo "gpu_deps: $(ls -1 "$out"/*.deb | wc -l) .deb files in $out, size"
