@@ -7,7 +7,7 @@
 # (CPU flavour: no nvcc here that a CUDA LibTorch could pair with) are configured, built and run
 # against it. libssl3 and zlib1g stay visible: the GPU image's Python needs them, and so do this
 # machine's tools before the prefix is on the loader's path.
-#   bash tools/gpu_deps_check.sh [BUILD_DIR]   (default build-gpu-deps-check; ~25 min cold, 2 cores)
+#   bash tools/gpu_deps_check.sh [BUILD_DIR]   (default build-gpu-deps-check; ~30 min cold on 2 cores, seconds after)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work=/tmp/dschat-gpu-deps-check
@@ -16,7 +16,6 @@ if [ "${1:-}" != "--inside" ]; then
   [ -d "$root/build-gpu-deps" ] || { echo "gpu_deps_check: run tools/gpu_deps.sh first" >&2; exit 1; }
   rm -rf "$work"
   mkdir -p "$work/upper" "$work/work"
-  hidden=0
   for pkg in $(bash "$root/tools/gpu_deps.sh" --list); do
     case "$pkg" in libssl3 | zlib1g) continue ;; esac
     dpkg-query -L "$pkg" 2> /dev/null || true
