@@ -12,6 +12,10 @@ three parts like the C++ side:
   train       KL-penalised rewards (kl_ctl 0.1, clip 5), GAE (gamma 1, lambda 0.95), clipped actor
               loss -> backward -> clip 1.0 -> step; clipped value loss -> backward -> clip -> step
 Prompts: torch.randint(3, vocab, (batch, prompt)) seeded with --seed (the C++ side draws the same).
+Mirrors the C++ side's options: --dtype (the models' parameters in that dtype), LoRA as DeepSpeed-
+Chat's convert_linear_layer_to_lora (the nn.Linear layers whose names contain the module name get a
+frozen base weight plus right [in, r] @ left [r, out] at scaling 1/r), gradient checkpointing
+(transformers' own), and torch's fused AdamW on a GPU.
 Writes JSON: the seconds of each timed iteration per part.
 """
 import argparse
@@ -19,9 +23,38 @@ import json
 import os
 import time
 
+import math
+
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, OPTForCausalLM, OPTModel
+
+
+class LoraLinear(torch.nn.Module):
+    """DeepSpeed-Chat's LinearLayer_LoRA (lora_scaling 1, no dropout): the base weight frozen."""
+
+    def __init__(self, linear, dim):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.weight.requires_grad_(False)
+        self.right = torch.nn.Parameter(torch.empty(linear.in_features, dim, dtype=linear.weight.dtype))  # [in, r]
+        self.left = torch.nn.Parameter(torch.zeros(dim, linear.out_features, dtype=linear.weight.dtype))  # [r, out]
+        torch.nn.init.kaiming_uniform_(self.right, a=math.sqrt(5))
+        self.scaling = 1.0 / dim
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias) + (x @ self.right @ self.left) * self.scaling
+
+
+def convert_to_lora(model, module_name, dim):
+    if dim <= 0:
+        return
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, torch.nn.Linear) and module_name in name]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoraLinear(getattr(parent, child), dim))
 
 
 class RewardModel(torch.nn.Module):
@@ -83,19 +116,36 @@ def main():
                           ("warmup", 1), ("seed", 1234)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    for side in ("actor", "critic"):
+        p.add_argument("--%s-lora-dim" % side, type=int, default=0)
+        p.add_argument("--%s-lora-module-name" % side, default="decoder.layers.")
+        p.add_argument("--%s-gradient-checkpointing" % side, type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     actor_dir = os.path.join(args.work_dir, "actor")
     critic_dir = os.path.join(args.work_dir, "critic")
     actor = OPTForCausalLM.from_pretrained(actor_dir, attn_implementation="sdpa")
     ref = OPTForCausalLM.from_pretrained(actor_dir, attn_implementation="sdpa").eval().requires_grad_(False)
     critic = RewardModel(critic_dir)
     reward = RewardModel(critic_dir).eval().requires_grad_(False)
+    convert_to_lora(actor, args.actor_lora_module_name, args.actor_lora_dim)
+    convert_to_lora(critic, args.critic_lora_module_name, args.critic_lora_dim)
+    for model, on in ((actor, args.actor_gradient_checkpointing), (critic.rwtransformer, args.critic_gradient_checkpointing)):
+        if on:  # renamed in transformers 5.x; the older name still works there
+            getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     device = torch.device(args.device)
     for model in (actor, ref, critic, reward):
-        model.to(device)
-    opt_a = torch.optim.AdamW(actor.parameters(), lr=9.65e-6, betas=(0.9, 0.95))
-    opt_c = torch.optim.AdamW(critic.parameters(), lr=5e-6, betas=(0.9, 0.95))
+        model.to(device=device, dtype=dtype)
+    fused = device.type == "cuda"  # torch's fused AdamW kernels are GPU-only
+
+    def adamw(model, lr):
+        trained = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.95), fused=fused)
+
+    opt_a = adamw(actor, 9.65e-6)
+    opt_c = adamw(critic, 5e-6)
     pad = actor.config.pad_token_id
     gen = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(3, actor.config.vocab_size, (args.batch, args.prompt), generator=gen,

@@ -1,79 +1,121 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE (device tool) from the repository root, with build-gpu-deps/ carried
-# (tools/gpu_deps.sh here first, then tools/gpu_deps_check.sh to check it is complete):
-#   run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps"], timeout_s=590)
-# One command, under 10 minutes on the H200: builds dschat with CUDA against that machine's torch
-# (2.11+cu130, sm_90 only). Building there rather than carrying a build made here: the binaries
-# would fit the 64 MiB carry (libdschat 6 MB, test binaries 25 MB), but they hold this checkout's
-# absolute paths (fixtures, assets, the CLI), link this machine's venv and Debian's spdlog/fmt/ICU,
-# and the build is ~25 min of CPU, a few minutes on 16 cores. Not yet measured on the machine.
-# then runs, each step bounded by its own timeout so that one hang still leaves the rest's results:
-#   1. dschat_cuda_tests: kernels vs ATen, CUDA-graph decode vs eager (OPT and LLaMA), the
-#      sync-debug run of SFT, RM and PPO (fails on any unmarked host sync), HybridEngine's 100
-#      switches with flat GPU memory;
-#   2. dschat_tests' per-device cases on cuda (*OnDevice*/cuda): fp32 steps vs the CPU, bf16/fp16
-#      learning, greedy ids vs transformers, HybridEngine;
-#   3. the embedded demo end to end on the GPU (`dschat train --device cuda`);
-#   4. the step-3 benchmark on the GPU against transformers + PyTorch on the same GPU;
-#   5. the checkpoint stall benchmark on the GPU (async snapshot into pinned memory vs sync save).
-# Writes under $OUT (or ./out): summary.txt (one line per part: ok/FAILED and its figures), and
-# each part's log/XML/JSON. Exit status non-zero when any part failed.
+# Run ON THE GPU MACHINE (device tool) from the repository root. Prepare here first:
+#   bash tools/gpu_deps.sh          # the Debian packages the binaries (or a build) need -> build-gpu-deps/
+#   bash tools/gpu_bundle.sh        # the CUDA build, compiled here -> build-gpu-bin/ (~20 MB)
+# then one call:
+#   run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps", "build-gpu-bin"], timeout_s=590)
+# With a build-gpu-bin/ of these very sources (SOURCE_HASH) the machine compiles nothing
+# (tools/gpu_paths.sh makes its paths resolve there); otherwise it builds (sm_90, its own torch:
+# ~25 CPU-minutes, a few minutes on 16 cores). Every part runs under its own timeout and inside
+# one overall budget (DSCHAT_GPU_BUDGET seconds, default 470: the issue's 8 minutes less the
+# start), most important first, so one hang or a slow part still leaves the rest's results:
+#   1. cuda_tests: kernels vs ATen, CUDA-graph decode vs eager (OPT and LLaMA), the sync-debug
+#      run of SFT, RM and PPO (fails on any unmarked host sync), HybridEngine's 100 switches;
+#   2. on_device_tests: dschat_tests' per-device cases on cuda (fp32 steps vs the CPU, bf16/fp16
+#      learning, greedy ids vs transformers, HybridEngine, async checkpoints);
+#   3. step3: DeepSpeed-Chat's benchmark setting (single_gpu preset: actor OPT-1.3B, critic and
+#      reward OPT-350M, prompt 256 + answer 256, batch 16, LoRA 128, actor gradient checkpointing,
+#      hybrid engine) in bf16, dschat vs transformers + PyTorch on this GPU;
+#   4. decode: decode-step bandwidth of OPT-1.3B at batch 1, 32, 128, eager and CUDA-graph;
+#   5. demo_on_gpu: the embedded demo end to end (`dschat train --device cuda`);
+#   6. step3_graph: row 3's dschat side with CUDA-graph decode (before/after in one run);
+#   7. step3_large: dschat at the largest batch that fits (128, else 64);
+#   8. checkpoint: the checkpoint stall (async snapshot into pinned memory vs a sync save);
+#   9. actor_6.7b, actor_13b: the largest actor, single_node presets (ZeRO-3, LoRA on 13b),
+#      inference_tp_size 1 on one GPU, dschat alone, with its peak memory.
+# Writes under $OUT (or ./out): summary.txt (one line per part: ok/FAILED/skipped, its time and
+# figures, also printed) and results.tgz (each part's log, gtest XML and JSON under parts/: the
+# device tool brings back at most 8 files). Exit status non-zero when any part failed.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-out="${OUT:-$root/out}"
+results="${OUT:-$root/out}"
+out="$results/parts"
 mkdir -p "$out"
-summary="$out/summary.txt"
+summary="$results/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
+pack() { tar -czf "$results/results.tgz" -C "$results" parts && rm -rf "$out"; }
+trap pack EXIT
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+check_start=$(date +%s)
+deadline=$(( check_start + ${DSCHAT_GPU_BUDGET:-470} ))
 
 # The carried .debs (tools/gpu_deps.sh), unpacked into a private prefix (no root, no registry).
 source "$root/tools/gpu_env.sh"
-
 python="${DSCHAT_PYTHON:-$(command -v python3)}"
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
   > "$out/torch.txt" 2>&1
 note "machine: $(cat "$out/torch.txt")"
 
-status=0
-start=$(date +%s)
-if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSCHAT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-     -DDSCHAT_PYTHON="$python" -DDSCHAT_BUILD_BENCHMARKS=ON > "$out/build.log" 2>&1 &&
-   cmake --build build-gpu -j "$(nproc)" --target dschat_cli dschat_tests dschat_cuda_tests dschat_step3_bench \
-     dschat_checkpoint_bench \
-     >> "$out/build.log" 2>&1; then
-  note "build: ok ($(( $(date +%s) - start )) s)"
+source "$root/tools/gpu_paths.sh"
+if [ "$gpu_bundle_ok" = 1 ]; then
+  note "build: carried build-gpu-bin/ ($(cat build-gpu-bin/BUILT_AT)), nothing compiled here"
 else
-  note "build: FAILED (build.log)"; tail -40 "$out/build.log"; exit 1
+  note "build: building here ($gpu_bundle_reason)"
+  start=$(date +%s)
+  if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSCHAT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+       -DDSCHAT_WITH_PARQUET=OFF -DDSCHAT_PYTHON="$python" -DDSCHAT_BUILD_BENCHMARKS=ON > "$out/build.log" 2>&1 &&
+     cmake --build build-gpu -j "$(nproc)" --target dschat_cli dschat_tests dschat_cuda_tests dschat_tp_worker \
+       dschat_generate_worker dschat_dist_worker dschat_step3_bench dschat_checkpoint_bench dschat_decode_bench \
+       >> "$out/build.log" 2>&1; then
+    note "build: ok ($(( $(date +%s) - start )) s)"
+  else
+    note "build: FAILED (build.log)"; tail -40 "$out/build.log"; exit 1
+  fi
 fi
 
-# part NAME TIMEOUT COMMAND...: runs one part, logs to NAME.log, records ok/FAILED and the time.
+status=0
+# part NAME LIMIT COMMAND...: runs one part under min(LIMIT, what is left of the budget), logs to
+# NAME.log, records ok/FAILED/skipped and the time. try NAME LIMIT COMMAND...: the same for a
+# part whose failure is a finding (a batch or a model that does not fit), not a failed check.
+try() { probing=1 part "$@"; }
 part() {
   local name="$1" limit="$2"; shift 2
-  local t0=$(date +%s)
-  if timeout "$limit" "$@" > "$out/$name.log" 2>&1; then
+  local left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then note "$name: skipped (budget spent)"; return 1; fi
+  [ "$limit" -le "$left" ] || limit="$left"
+  local t0=$(date +%s) rc=0
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then
     note "$name: ok ($(( $(date +%s) - t0 )) s)"
+  elif [ "${probing:-0}" = 1 ]; then
+    note "$name: did not run through, rc=$rc ($(( $(date +%s) - t0 )) s of $limit): $(grep -m1 -iE 'out of memory|error' "$out/$name.log")"
   else
-    note "$name: FAILED rc=$? ($(( $(date +%s) - t0 )) s; $name.log)"; status=1
+    note "$name: FAILED rc=$rc ($(( $(date +%s) - t0 )) s of $limit; $name.log)"; status=1
     tail -15 "$out/$name.log"
   fi
+  return "$rc"
 }
+table() { grep -E "^\| |sequences/s|^actor " "$out/$1.log" | tee -a "$summary"; }
 
-part cuda_tests 240 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
+bench="build-gpu/benchmarks"
+work="$root/build-gpu-work"  # the random 1.3B/350M checkpoints, written once for rows 3 and 6
+mkdir -p "$work"
+step3=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment single_gpu --actor opt-1.3b
+       --critic opt-350m --rounds 1 --iters 2 --warmup 1 --work-dir "$work" --python "$python"
+       --peer "$root/benchmarks/step3_bench_peer.py")
+
+part cuda_tests 100 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | tee -a "$summary"
-part on_device_tests 180 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
+part on_device_tests 100 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
   --gtest_output="xml:$out/on_device_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/on_device_tests.log" | tee -a "$summary"
-part demo_on_gpu 300 build-gpu/dschat train --device cuda --no-progress --output-dir "$out/demo_output"
+part step3 170 "${step3[@]}" --out "$out/step3.json" && table step3
+part decode 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32,128 \
+  --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --out "$out/decode.json" && table decode
+part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$root/build-gpu-work/demo"
 grep -E "Finished Step|held-out|device:" "$out/demo_on_gpu.log" | tee -a "$summary"
-rm -rf "$out/demo_output"  # models and checkpoints: too large to bring back, the log says what ran
-part step3_bench_gpu 240 build-gpu/benchmarks/dschat_step3_bench --device cuda --actor opt-350m --critic opt-125m \
-  --batch 16 --prompt 128 --answer 128 --rounds 1 --iters 2 --warmup 1 --python "$python" \
-  --out "$out/step3_bench_gpu.json"
-grep -E "^\| |sequences/s" "$out/step3_bench_gpu.log" | tee -a "$summary"
-part checkpoint_bench_gpu 120 build-gpu/benchmarks/dschat_checkpoint_bench --device cuda --model opt-350m --steps 8 \
-  --save-every 4 --batch 4 --seq 256 --rounds 1 --dir "$root/build-gpu/checkpoint_bench" \
-  --out "$out/checkpoint_bench_gpu.json"
-grep -E "^\| |stall per save" "$out/checkpoint_bench_gpu.log" | tee -a "$summary"
+part step3_graph 60 "${step3[@]}" --no-peer --cuda-graph --out "$out/step3_graph.json" && table step3_graph
+try step3_large 80 "${step3[@]}" --no-peer --batch 128 --iters 1 --out "$out/step3_large.json" && table step3_large ||
+  { try step3_large64 60 "${step3[@]}" --no-peer --batch 64 --iters 1 --out "$out/step3_large.json" && table step3_large64; }
+part checkpoint 45 "$bench/dschat_checkpoint_bench" --device cuda --model opt-350m --steps 8 --save-every 4 --batch 4 \
+  --seq 256 --rounds 1 --dir "$root/build-gpu-work/checkpoint_bench" --out "$out/checkpoint.json" &&
+  grep -E "^\| |stall per save" "$out/checkpoint.log" | tee -a "$summary"
+largest=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment single_node --critic opt-350m --no-peer
+         --rounds 1 --iters 1 --warmup 0 --set inference_tp_size=1)
+try actor_6.7b 90 "${largest[@]}" --actor opt-6.7b --out "$out/actor_6.7b.json" && table actor_6.7b
+try actor_13b 120 "${largest[@]}" --actor opt-13b --out "$out/actor_13b.json" && table actor_13b
+note "total: $(( $(date +%s) - check_start )) s"
+rm -rf "$root/build-gpu-work"  # checkpoints and demo models: too large to bring back
 exit $status

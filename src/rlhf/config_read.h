@@ -53,6 +53,7 @@ void read_policy_step_keys(core::JsonObject& o, Config& c) {
   c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
   c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
   c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
+  c.enable_cuda_graph = o.get<bool>("enable_cuda_graph", c.enable_cuda_graph);
   c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
   c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
   c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});

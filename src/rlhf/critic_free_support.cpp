@@ -79,6 +79,7 @@ PpoConfig policy_view(const GrpoConfig& config) {
   view.release_inference_cache = config.release_inference_cache;
   view.inference_tp_size = config.inference_tp_size;
   view.tp_gather_partition_size = config.tp_gather_partition_size;
+  view.enable_cuda_graph = config.enable_cuda_graph;
   view.offload_reference_model = config.offload_reference_model;
   view.enable_ema = config.enable_ema;
   view.lora_fuse_backup = config.lora_fuse_backup;

@@ -98,6 +98,7 @@ RlhfModels build_policy_models(const PpoConfig& config, int64_t total_iters, int
   hybrid.release_inference_cache = config.release_inference_cache;
   hybrid.pin_parameters = !config.unpin_actor_parameters;
   hybrid.tp_gather_partition_size = config.tp_gather_partition_size;
+  hybrid.enable_cuda_graph = config.enable_cuda_graph;
   hybrid::HybridEngineOptions actor_options;
   actor_options.lora_fuse_backup = config.lora_fuse_backup;
   actor_options.training = training_engine_options(

@@ -65,7 +65,8 @@ engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero
                            {"inference_tp_size", hybrid->inference_tp_size},
                            {"release_inference_cache", hybrid->release_inference_cache},
                            {"pin_parameters", hybrid->pin_parameters},
-                           {"tp_gather_partition_size", hybrid->tp_gather_partition_size}};
+                           {"tp_gather_partition_size", hybrid->tp_gather_partition_size},
+                           {"enable_cuda_graph", hybrid->enable_cuda_graph}};
   }
   return engine::DeepSpeedConfig::parse(ds, world_size, where + " (DeepSpeed config)");
 }

@@ -10,6 +10,8 @@
 
 #include "dschat/core/error.h"
 #include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/step_setup.h"
+#include "rlhf/critic_free_support.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -343,6 +345,23 @@ TEST(PipelineConfig, DemoConfigParses) {
   EXPECT_EQ(c.step3.max_answer_seq_len, 4);
   EXPECT_TRUE(c.step3.sampling.do_sample);
   EXPECT_TRUE(c.step3.enable_ema);
+}
+
+// Ours: step 3's and the critic-free step's enable_cuda_graph reaches the actor's hybrid_engine
+// DeepSpeed config, which is what the HybridEngine reads (default off, as DeepSpeed has none).
+TEST(PipelineConfig, EnableCudaGraphReachesTheHybridEngineConfig) {
+  EXPECT_FALSE(rlhf::parse_ppo_config(json::object(), "t").enable_cuda_graph);
+  const rlhf::PpoConfig ppo = rlhf::parse_ppo_config({{"enable_cuda_graph", true}}, "t");
+  EXPECT_TRUE(ppo.enable_cuda_graph);
+  EXPECT_TRUE(rlhf::policy_view(rlhf::parse_grpo_config({{"enable_cuda_graph", true}}, "t")).enable_cuda_graph);
+  EXPECT_THROW(rlhf::parse_ppo_config({{"enable_cuda_graph", "yes"}}, "t"), core::ConfigError);
+  for (bool on : {false, true}) {
+    engine::HybridEngineConfig hybrid;
+    hybrid.enabled = true;
+    hybrid.enable_cuda_graph = on;
+    const engine::DeepSpeedConfig ds = rlhf::train_ds_config(ppo.common, 0, 4, 1, 1, "t", &hybrid);
+    EXPECT_EQ(ds.hybrid_engine.enable_cuda_graph, on);
+  }
 }
 
 }  // namespace

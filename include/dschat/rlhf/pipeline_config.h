@@ -176,6 +176,9 @@ struct PpoConfig {
   bool release_inference_cache = false;
   int64_t inference_tp_size = 1;
   int64_t tp_gather_partition_size = 8;
+  /// Ours: the hybrid engine's decode step as a CUDA graph (engine::HybridEngineConfig); off
+  /// until measured on a GPU for this step (docs/config.md).
+  bool enable_cuda_graph = false;
   bool offload_reference_model = false;
   bool offload_reward_model = false;
   bool enable_ema = false;
@@ -234,6 +237,7 @@ struct GrpoConfig {
   bool release_inference_cache = false;
   int64_t inference_tp_size = 1;
   int64_t tp_gather_partition_size = 8;
+  bool enable_cuda_graph = false;
   bool offload_reference_model = false;
   bool enable_ema = false;
   std::string lora_fuse_backup = "auto";
