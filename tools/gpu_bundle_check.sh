@@ -17,7 +17,7 @@ mkdir -p "$copy"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$copy")
 cp -a "$root/build-gpu-bin" "$root/build-gpu-deps" "$copy/"
 mkdir -p /opt/dschat-venv
-unshare -m bash -euo pipefail -c '
+unshare -m bash ${DSCHAT_CHECK_TRACE:+-x} -euo pipefail -c '
   mount --bind "$1/.venv" /opt/dschat-venv
   mount -t tmpfs none /work
   root="$2"; cd "$root"

@@ -49,7 +49,7 @@ gpu_bundle_setup() {
   export LD_LIBRARY_PATH="$torch_lib:${nvidia_libs}/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local missing
   missing="$(for f in dschat tests/dschat_tests tests/dschat_cuda_tests benchmarks/dschat_step3_bench; do
-               ldd "$bin/$f" | grep 'not found'; done | sort -u | tr '\n' ' ')"
+               ldd "$bin/$f" | grep 'not found' || true; done | sort -u | tr '\n' ' ')"
   [ -z "$missing" ] || { gpu_bundle_reason="libraries not found: $missing"; rm -f "$root/build-gpu"; return; }
   gpu_bundle_ok=1
 }
