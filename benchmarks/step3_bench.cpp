@@ -12,6 +12,8 @@
 // DeepSpeed-Chat's effective TFLOPs (perf.py's print_throughput_step3: generation + actor and
 // critic training FLOPs, with its gradient-checkpointing and LoRA factors, over the iteration),
 // the training phase's TFLOP/s as a fraction of --peak-tflops, and the device's peak memory.
+// --profile adds one untimed iteration under LibTorch's profiler (kernel_profile.h): per phase,
+// the largest kernels and the device's idle fraction.
 //
 // --deployment single_gpu [--preset-actor opt-1.3b] takes step 3's options from that compiled-in
 // preset (batch sizes, lengths, LoRA, gradient checkpointing, hybrid engine); --batch, --prompt and
@@ -40,6 +42,7 @@
 
 #include "bench_util.h"
 #include "device_memory.h"
+#include "kernel_profile.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
 #include "dschat/core/json_file.h"
@@ -67,7 +70,7 @@ struct Options {
   std::vector<std::string> set;          // KEY=JSON overrides of the step-3 block, applied last
   int64_t batch = 4, prompt = 32, answer = 32, threads = 2, rounds = 2, iters = 2, warmup = 1, seed = 1234;
   bool batch_given = false, prompt_given = false, answer_given = false;
-  bool cuda_graph = false, no_peer = false;
+  bool cuda_graph = false, no_peer = false, profile = false;
   double peak_tflops = 790.0;  // H200 dense bf16
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
@@ -146,8 +149,18 @@ json dschat_round(const rlhf::PpoConfig& config, const Options& o) {
     exp_s.push_back(experience_total - exp->generate_seconds);
     train.push_back(train_seconds);
   }
-  return {{"generate", gen}, {"experience", exp_s}, {"train", train},
-          {"peak_device_bytes", bench::peak_device_memory(device)}};
+  json out = {{"generate", gen}, {"experience", exp_s}, {"train", train},
+              {"peak_device_bytes", bench::peak_device_memory(device)}};
+  if (o.profile) {  // one more, untimed iteration under the profiler, phase by phase
+    bench::KernelProfile experience_profile(device);
+    std::optional<rlhf::Experience> exp = rlhf::make_experience(models, prompts, mask, generation, pad, 1);
+    out["profile"]["generate_and_experience"] = experience_profile.finish(20);
+    DSCHAT_CHECK(exp.has_value(), Error, "the benchmark lost rows to the answer filter");
+    bench::KernelProfile train_profile(device);
+    rlhf::train_rlhf(models, *exp, config.constants, false, false);
+    out["profile"]["train"] = train_profile.finish(20);
+  }
+  return out;
 }
 
 // Random actor and critic checkpoints for both sides, written once per work dir: a stamp names
@@ -241,11 +254,13 @@ int run(const Options& o) {
             << ", CUDA-graph decode " << config.enable_cuda_graph << ", threads " << o.threads << "\n";
   std::vector<double> ours[3], theirs[3];
   double peak_bytes = -1;
+  json profile;  // the last round's, with --profile
   const char* parts[3] = {"generate", "experience", "train"};
   for (int64_t round = 0; round < o.rounds; ++round) {
     std::cout << "round " << round + 1 << "/" << o.rounds << "\n";
     const json mine = dschat_round(config, o);
     peak_bytes = std::max(peak_bytes, mine["peak_device_bytes"].get<double>());
+    if (mine.contains("profile")) profile = mine["profile"];
     for (int p = 0; p < 3; ++p) {
       for (double s : mine[parts[p]]) ours[p].push_back(s);
     }
@@ -289,6 +304,10 @@ int run(const Options& o) {
     report["transformers_seqs_per_s"] = batch / peer.total();
     for (int p = 0; p < 3; ++p) report[std::string("transformers_") + parts[p]] = theirs[p];
   }
+  if (!profile.is_null()) {
+    for (const auto& [phase, summary] : profile.items()) bench::print_profile(phase, summary);
+    report["dschat_profile"] = profile;
+  }
   if (!o.out.empty()) std::ofstream(o.out) << report.dump(1);
   if (o.work_dir.empty()) io::remove_directory_tree(work);
   return 0;
@@ -311,6 +330,7 @@ int main(int argc, char** argv) {
   app.add_option("--answer", o.answer, "Answer tokens (exactly)")->capture_default_str();
   app.add_option("--set", o.set, "KEY=JSON: a step-3 key over the preset (e.g. inference_tp_size=1)");
   app.add_flag("--cuda-graph", o.cuda_graph, "dschat decodes with CUDA graphs (enable_cuda_graph)");
+  app.add_flag("--profile", o.profile, "Profile one more dschat iteration (kernels by name, device idle time)");
   app.add_flag("--no-peer", o.no_peer, "Time dschat alone, models built from the presets (no checkpoint)");
   app.add_option("--peak-tflops", o.peak_tflops, "The device's dense peak, for the training fraction")->capture_default_str();
   app.add_option("--threads", o.threads, "Intra-op threads of both sides")->capture_default_str();

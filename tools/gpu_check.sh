@@ -15,7 +15,8 @@
 #      learning, greedy ids vs transformers, HybridEngine, async checkpoints);
 #   3. step3: DeepSpeed-Chat's benchmark setting (single_gpu preset: actor OPT-1.3B, critic and
 #      reward OPT-350M, prompt 256 + answer 256, batch 16, LoRA 128, actor gradient checkpointing,
-#      hybrid engine) in bf16, dschat vs transformers + PyTorch on this GPU;
+#      hybrid engine) in bf16, dschat vs transformers + PyTorch on this GPU, and one more dschat
+#      iteration under LibTorch's profiler (kernels by name per phase, the GPU's idle fraction);
 #   4. decode: decode-step bandwidth of OPT-1.3B at batch 1, 32, 128, eager and CUDA-graph;
 #   5. demo_on_gpu: the embedded demo end to end (`dschat train --device cuda`);
 #   6. step3_graph: row 3's dschat side with CUDA-graph decode (before/after in one run);
@@ -101,7 +102,7 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/cuda_tests.log" | tee -a "$summary
 part on_device_tests 100 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
   --gtest_output="xml:$out/on_device_tests.xml"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/on_device_tests.log" | tee -a "$summary"
-part step3 170 "${step3[@]}" --out "$out/step3.json" && table step3
+part step3 170 "${step3[@]}" --profile --out "$out/step3.json" && table step3
 part decode 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32,128 \
   --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --out "$out/decode.json" && table decode
 part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$root/build-gpu-work/demo"
