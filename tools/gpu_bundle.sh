@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Run HERE (no GPU needed): compiles the CUDA build that tools/gpu_check.sh runs on the H200, so
-# that the device minutes go to running, not compiling (the build is ~25 CPU-minutes).
+# that the device minutes go to running, not compiling (its first build took about 25 minutes on
+# 2 cores here, with ccache warm from build/; then seconds to minutes after small changes).
 #   bash tools/gpu_bundle.sh        -> build-gpu/ (the CMake build) and build-gpu-bin/ (the carry)
 # The .venv's torch is the GPU machine's (2.11.0+cu130), so the binaries link the same LibTorch.
 # build-gpu-bin/ mirrors build-gpu/'s layout with stripped copies of what gpu_check.sh runs
-# (~20 MB), plus SOURCE_HASH (tools/gpu_source_hash.sh of the tree it was built from: gpu_check.sh
+# (22 MB), plus SOURCE_HASH (tools/gpu_source_hash.sh of the tree it was built from: gpu_check.sh
 # uses the bundle only when its tree hashes the same, and builds on the machine otherwise).
 # The binaries hold this checkout's absolute paths (/work/main/...: fixtures, the CLI, the peer
 # scripts, the venv's python and torch/lib); gpu_check.sh recreates those paths on the machine
@@ -41,5 +42,10 @@ ln -sfn libdschat.so.0.1.0 build-gpu-bin/libdschat.so.0
 ln -sfn libdschat.so.0 build-gpu-bin/libdschat.so
 bash tools/gpu_source_hash.sh > build-gpu-bin/SOURCE_HASH
 echo "built from: $root" > build-gpu-bin/BUILT_AT
-du -sh build-gpu-bin
+# What a device call sends: the tree (tracked and untracked-not-ignored files) and the carry.
+tree_bytes="$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -n 1 | cut -f1)"
+carry_bytes="$(du -scb build-gpu-bin build-gpu-deps 2>/dev/null | tail -n 1 | cut -f1)"
+sent_mib=$(( (tree_bytes + carry_bytes) / 1048576 ))
+echo "gpu_bundle: a call sends ${sent_mib} MiB (tree and build-gpu-bin, build-gpu-deps) of the device tool's 64"
+[ "$sent_mib" -lt 64 ] || { echo "gpu_bundle: over the device tool's 64 MiB" >&2; exit 1; }
 echo "gpu_bundle: ok (carry build-gpu-bin and build-gpu-deps)"

@@ -5,8 +5,9 @@
 # Debian's compiler finds by default in /usr/include/x86_64-linux-gnu): a global path to the
 # prefix's include/ would put its fmt 9 ahead of LibTorch's bundled fmt, so CMake's imported
 # targets add that one where it is needed, after LibTorch's.
-# DSCHAT_GPU_DEPS_PREFIX: where to unpack (tools/gpu_deps_check.sh unpacks outside the carried folder).
-gpu_deps_prefix="${DSCHAT_GPU_DEPS_PREFIX:-$root/build-gpu-deps/root}"
+# DSCHAT_GPU_DEPS_PREFIX: where to unpack. The default is beside the carried folder, not in it: an
+# unpack left there by a dry run here (~110 MB) would push the carry over the tool's 64 MiB.
+gpu_deps_prefix="${DSCHAT_GPU_DEPS_PREFIX:-$root/build-gpu-deps-root}"
 # .unpacked holds the path it was unpacked at: the .pc files name it, so a moved copy is redone.
 if [ -d "$root/build-gpu-deps" ] && [ "$(cat "$gpu_deps_prefix/.unpacked" 2>/dev/null)" != "$gpu_deps_prefix" ]; then
   rm -rf "$gpu_deps_prefix"
