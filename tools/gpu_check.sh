@@ -24,6 +24,8 @@
 #   8. checkpoint: the checkpoint stall (async snapshot into pinned memory vs a sync save);
 #   9. actor_6.7b, actor_13b: the largest actor, single_node presets (ZeRO-3, LoRA on 13b),
 #      inference_tp_size 1 on one GPU, dschat alone, with its peak memory.
+# A second, corrected run takes only some parts: DSCHAT_GPU_PARTS=step3,decode (names as below;
+# step3_large64 and the actor tries are parts of their own).
 # Writes under $OUT (or ./out): summary.txt (one line per part: ok/FAILED/skipped, its time and
 # figures, also printed) and results.tgz (each part's log, gtest XML and JSON under parts/: the
 # device tool brings back at most 8 files). Exit status non-zero when any part failed.
@@ -73,6 +75,7 @@ status=0
 try() { probing=1 part "$@"; }
 part() {
   local name="$1" limit="$2"; shift 2
+  if [ -n "${DSCHAT_GPU_PARTS:-}" ] && [[ ",$DSCHAT_GPU_PARTS," != *",$name,"* ]]; then return 1; fi
   local left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 30 ]; then note "$name: skipped (budget spent)"; return 1; fi
   [ "$limit" -le "$left" ] || limit="$left"
@@ -99,7 +102,7 @@ step3=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment singl
        --peer "$root/benchmarks/step3_bench_peer.py")
 
 part cuda_tests 100 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
-gtest_summary() { grep -E "^\[  PASSED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test|^\[  FAILED  \]" "$out/$1.log" | sort -u | tee -a "$summary"; }
+gtest_summary() { [ -f "$out/$1.log" ] || return 0; grep -E "^\[  PASSED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test|^\[  FAILED  \]" "$out/$1.log" | sort -u | tee -a "$summary"; }
 gtest_summary cuda_tests
 part on_device_tests 100 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
   --gtest_output="xml:$out/on_device_tests.xml"
@@ -108,7 +111,7 @@ part step3 170 "${step3[@]}" --iters 2 --profile --out "$out/step3.json" && tabl
 part decode 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32,128 \
   --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --out "$out/decode.json" && table decode
 part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$root/build-gpu-work/demo"
-grep -E "Finished Step|held-out|device:" "$out/demo_on_gpu.log" | tee -a "$summary"
+[ -f "$out/demo_on_gpu.log" ] && grep -E "Finished Step|held-out|device:" "$out/demo_on_gpu.log" | tee -a "$summary"
 part step3_graph 60 "${step3[@]}" --iters 2 --no-peer --cuda-graph --out "$out/step3_graph.json" && table step3_graph
 try step3_large 80 "${step3[@]}" --no-peer --batch 128 --iters 1 --out "$out/step3_large.json" && table step3_large ||
   { try step3_large64 60 "${step3[@]}" --no-peer --batch 64 --iters 1 --out "$out/step3_large.json" && table step3_large64; }
