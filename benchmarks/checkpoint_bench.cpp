@@ -19,6 +19,7 @@
 #include <iomanip>
 #include <iostream>
 
+#include "bench_device.h"
 #include "bench_util.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/core/model_config.h"
@@ -40,10 +41,6 @@ struct Options {
 };
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
 
 struct ModeResult {
   std::vector<double> stalls, quiet_steps, busy_steps;
@@ -84,7 +81,7 @@ ModeResult run_mode(const Options& o, const std::string& mode, const fs::path& d
         ids.narrow(1, 1, o.seq - 1).reshape({-1}));
     engine.backward(loss);
     engine.step();
-    synchronize(device);
+    bench::synchronize(device);
     (busy ? r.busy_steps : r.quiet_steps).push_back(seconds_since(step_start));
     if (mode == "none" || (step + 1) % o.save_every != 0) continue;
     const auto save_start = Clock::now();

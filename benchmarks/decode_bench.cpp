@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "bench_device.h"
 #include "bench_util.h"
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
@@ -56,10 +57,10 @@ double time_generate(inference::InferenceEngine& engine, const torch::Tensor& pr
   const torch::Tensor mask = torch::ones_like(prompts);  // [B, P]
   std::vector<double> seconds;
   for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    bench::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
     engine.generate(prompts, mask, config);
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    bench::synchronize(device);
     if (i >= o.warmup) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return median(seconds);

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench_device.h"
+
 namespace dschat {
 namespace bench {
 
@@ -34,7 +36,7 @@ class KernelProfile {
   }
 
   nlohmann::json finish(size_t top) {
-    sync();
+    synchronize(device_);
     const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start_).count();
     const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
     const c10::DeviceType wanted = device_.is_cuda() ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
@@ -62,10 +64,6 @@ class KernelProfile {
   }
 
  private:
-  void sync() const {
-    if (device_.is_cuda()) torch::cuda::synchronize(device_.has_index() ? device_.index() : 0);
-  }
-
   // Length of the union of [start, end) intervals.
   static double union_ns(std::vector<std::pair<uint64_t, uint64_t>> intervals) {
     std::sort(intervals.begin(), intervals.end());

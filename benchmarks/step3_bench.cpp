@@ -41,7 +41,7 @@
 #include <iostream>
 
 #include "bench_util.h"
-#include "device_memory.h"
+#include "bench_device.h"
 #include "kernel_profile.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
@@ -79,11 +79,11 @@ struct Options {
 // The step-3 block both sides run: the preset's (or the bench's own defaults), with the models,
 // dtype and device of this run and the lengths given on the command line.
 nlohmann::json bench_config(const Options& o, const fs::path& work) {
+  const bool preset = !o.deployment.empty();
   nlohmann::json cfg = {{"enable_hybrid_engine", true}};
-  if (!o.deployment.empty()) {
+  if (preset) {
     cfg = rlhf::preset_config(o.deployment, o.preset_actor.empty() ? o.actor : o.preset_actor, "opt-350m")["step3"];
   }
-  const bool preset = !o.deployment.empty();
   if (!preset || o.batch_given) {
     cfg["per_device_generation_batch_size"] = o.batch;
     cfg["per_device_training_batch_size"] = o.batch;
@@ -110,10 +110,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// A GPU runs ahead of the host: its work is only timed once it has finished.
-void wait_for(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
 
 // Per iteration: {generate, experience, train} seconds, and the device's peak memory.
 json dschat_round(const rlhf::PpoConfig& config, const Options& o) {
@@ -134,15 +130,15 @@ json dschat_round(const rlhf::PpoConfig& config, const Options& o) {
   json gen = json::array(), exp_s = json::array(), train = json::array();
   bench::reset_peak_device_memory(device);
   for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
-    wait_for(device);
+    bench::synchronize(device);
     auto start = Clock::now();
     std::optional<rlhf::Experience> exp = rlhf::make_experience(models, prompts, mask, generation, pad, 1);
-    wait_for(device);
+    bench::synchronize(device);
     const double experience_total = seconds_since(start);
     DSCHAT_CHECK(exp.has_value() && exp->rows() == batch, Error, "the benchmark lost rows to the answer filter");
     start = Clock::now();
     rlhf::train_rlhf(models, *exp, config.constants, false, false);
-    wait_for(device);
+    bench::synchronize(device);
     const double train_seconds = seconds_since(start);
     if (i < o.warmup) continue;
     gen.push_back(exp->generate_seconds);
@@ -273,10 +269,11 @@ int run(const Options& o) {
       for (double s : peer[parts[p]]) theirs[p].push_back(s);
     }
   }
-  auto shape = [&](const std::string& name) {
-    return o.no_peer ? *core::model_preset(name) : core::load_model_config((work / name).string());
+  // The shapes trained: the presets' with --no-peer, else the checkpoints' the peer read too.
+  auto shape = [&](const std::string& preset, const std::string& saved) {
+    return o.no_peer ? core::model_preset(preset).value() : core::load_model_config((work / saved).string());
   };
-  const Step3Flops flops = step3_flops(config, shape(o.no_peer ? o.actor : "actor"), shape(o.no_peer ? o.critic : "critic"));
+  const Step3Flops flops = step3_flops(config, shape(o.actor, "actor"), shape(o.critic, "critic"));
   const double batch = static_cast<double>(config.per_device_generation_batch_size);
   std::cout << "\n| implementation | seqs/s | iteration (s) | generate (s) | experience (s) | train (s) | gen tokens/s "
                "| effective TFLOPs | train TFLOP/s (of " << o.peak_tflops << ") | peak GiB |\n"

@@ -92,9 +92,13 @@ part() {
   return "$rc"
 }
 table() { grep -E "^\| |sequences/s|^actor " "$out/$1.log" | tee -a "$summary"; }
+gtest_summary() {
+  [ -f "$out/$1.log" ] || return 0
+  grep -E "^\[  PASSED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test|^\[  FAILED  \]" "$out/$1.log" | sort -u | tee -a "$summary"
+}
 
 bench="build-gpu/benchmarks"
-work="$root/build-gpu-work"  # the random 1.3B/350M checkpoints, written once for rows 3 and 6
+work="$root/build-gpu-work"  # the random 1.3B/350M checkpoints (written once for the step3 rows), the demo's output
 mkdir -p "$work"
 threads="$(nproc)"  # host threads of both sides (random init of the large models is on the host)
 step3=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment single_gpu --actor opt-1.3b
@@ -102,7 +106,6 @@ step3=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment singl
        --peer "$root/benchmarks/step3_bench_peer.py")
 
 part cuda_tests 100 build-gpu/tests/dschat_cuda_tests --gtest_output="xml:$out/cuda_tests.xml"
-gtest_summary() { [ -f "$out/$1.log" ] || return 0; grep -E "^\[  PASSED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test|^\[  FAILED  \]" "$out/$1.log" | sort -u | tee -a "$summary"; }
 gtest_summary cuda_tests
 part on_device_tests 100 build-gpu/tests/dschat_tests --gtest_filter='*OnDevice*/cuda:*Cuda*:*AsyncCheckpointOn*/cuda' \
   --gtest_output="xml:$out/on_device_tests.xml"
@@ -110,18 +113,18 @@ gtest_summary on_device_tests
 part step3 170 "${step3[@]}" --iters 2 --profile --out "$out/step3.json" && table step3
 part decode 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32,128 \
   --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --out "$out/decode.json" && table decode
-part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$root/build-gpu-work/demo"
+part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$work/demo"
 [ -f "$out/demo_on_gpu.log" ] && grep -E "Finished Step|held-out|device:" "$out/demo_on_gpu.log" | tee -a "$summary"
 part step3_graph 60 "${step3[@]}" --iters 2 --no-peer --cuda-graph --out "$out/step3_graph.json" && table step3_graph
 try step3_large 80 "${step3[@]}" --no-peer --batch 128 --iters 1 --out "$out/step3_large.json" && table step3_large ||
   { try step3_large64 60 "${step3[@]}" --no-peer --batch 64 --iters 1 --out "$out/step3_large.json" && table step3_large64; }
 part checkpoint 45 "$bench/dschat_checkpoint_bench" --device cuda --model opt-350m --steps 8 --save-every 4 --batch 4 \
-  --seq 256 --rounds 1 --dir "$root/build-gpu-work/checkpoint_bench" --out "$out/checkpoint.json" &&
+  --seq 256 --rounds 1 --dir "$work/checkpoint_bench" --out "$out/checkpoint.json" &&
   grep -E "^\| |stall per save" "$out/checkpoint.log" | tee -a "$summary"
 largest=("$bench/dschat_step3_bench" --device cuda --dtype bf16 --deployment single_node --critic opt-350m --no-peer
          --rounds 1 --iters 1 --warmup 0 --threads "$threads" --set inference_tp_size=1)
 try actor_6.7b 90 "${largest[@]}" --actor opt-6.7b --out "$out/actor_6.7b.json" && table actor_6.7b
 try actor_13b 120 "${largest[@]}" --actor opt-13b --out "$out/actor_13b.json" && table actor_13b
 note "total: $(( $(date +%s) - check_start )) s"
-rm -rf "$root/build-gpu-work"  # checkpoints and demo models: too large to bring back
+rm -rf "$work"  # checkpoints and demo models: too large to bring back
 exit $status
