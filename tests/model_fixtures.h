@@ -14,7 +14,22 @@ namespace dschat {
 namespace testing {
 
 inline const std::vector<std::string>& model_fixtures() {
-  static const std::vector<std::string> names = {"opt-preln", "opt-postln", "llama-gqa", "llama-rope-llama3-tied"};
+  static const std::vector<std::string> names = {
+      "opt-preln",           "opt-postln",          "llama-gqa",     "llama-rope-llama3-tied",
+      "gpt2",                "gpt-neo-local",       "gptj-partial-rotary", "codegen",
+      "gpt-neox-parallel",   "gpt-neox-sequential", "bloom",         "qwen2-tied",
+      "qwen3",               "mistral-window"};
+  return names;
+}
+
+/// One fixture per distinct code path, for the suites that start processes (each fixture costs
+/// seconds there): OPT pre/post-LN, LLaMA, GPT-2 (Conv1D, fused q/k/v), GPT-J (parallel block,
+/// interleaved rotary), GPT-NeoX sequential, BLOOM (ALiBi over sharded heads), Qwen3 (q/k norm),
+/// Mistral (sliding window).
+inline const std::vector<std::string>& process_model_fixtures() {
+  static const std::vector<std::string> names = {"opt-preln", "opt-postln", "llama-gqa", "gpt2",
+                                                 "gptj-partial-rotary", "gpt-neox-sequential", "bloom",
+                                                 "qwen3", "mistral-window"};
   return names;
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/json_object.h"
 #include "core/log.h"
+#include "core/model_config_families.h"
 
 namespace dschat {
 namespace core {
@@ -15,32 +16,6 @@ const std::vector<std::string> kIgnoredKeys = {
     "torchscript", "scale_embedding", "is_encoder_decoder", "decoder_start_token_id",
     "id2label", "label2id", "problem_type", "tokenizer_class", "task_specific_params",
     "use_bfloat16", "chunk_size_feed_forward", "tf_legacy_loss", "finetuning_task"};
-
-RopeScaling parse_rope(JsonObject& root, ModelConfig& config) {
-  RopeScaling rope;
-  // transformers >= 5 writes "rope_parameters" (with rope_theta inside); older versions write
-  // "rope_theta" + "rope_scaling" ({"type"|"rope_type": ..., "factor": ...}).
-  std::optional<JsonObject> block = root.object("rope_parameters");
-  if (!block) block = root.object("rope_scaling");
-  if (!block) return rope;
-  rope.type = block->get<std::string>("rope_type", block->get<std::string>("type", "default"));
-  if (auto theta = block->get_optional<double>("rope_theta")) config.rope_theta = *theta;
-  rope.factor = block->get<double>("factor", 1.0);
-  rope.low_freq_factor = block->get<double>("low_freq_factor", 1.0);
-  rope.high_freq_factor = block->get<double>("high_freq_factor", 4.0);
-  rope.original_max_position_embeddings = block->get<int64_t>("original_max_position_embeddings", 0);
-  block->accept({"partial_rotary_factor"});
-  DSCHAT_CHECK(rope.type == "default" || rope.type == "linear" || rope.type == "dynamic" || rope.type == "llama3",
-               Unsupported, block->where(), ": rope type '", rope.type,
-               "' is not supported (supported: default, linear, dynamic, llama3)");
-  DSCHAT_CHECK(rope.type == "default" || rope.factor >= 1.0, ConfigError, block->at("factor"),
-               " must be >= 1 for rope type '", rope.type, "', got ", rope.factor);
-  DSCHAT_CHECK(rope.type != "llama3" || rope.high_freq_factor > rope.low_freq_factor, ConfigError,
-               block->where(), ": high_freq_factor (", rope.high_freq_factor, ") must exceed low_freq_factor (",
-               rope.low_freq_factor, ")");
-  block->finish();
-  return rope;
-}
 
 void parse_opt(JsonObject& root, ModelConfig& c) {
   c.architecture = Architecture::Opt;
@@ -76,13 +51,18 @@ void parse_llama(JsonObject& root, ModelConfig& c) {
   c.rms_norm_eps = root.get<double>("rms_norm_eps", 1e-6);
   c.rope_theta = root.get<double>("rope_theta", 10000.0);
   c.rope_scaling = parse_rope(root, c);
-  c.attention_bias = root.get<bool>("attention_bias", false);
+  // Qwen2 has biases on q/k/v only; LLaMA, Mistral and Qwen3 put attention_bias on all four.
+  c.attention_bias = c.model_type == "qwen2" || root.get<bool>("attention_bias", false);
+  c.attention_output_bias = c.model_type != "qwen2" && c.attention_bias;
   c.mlp_bias = root.get<bool>("mlp_bias", false);
+  c.qk_norm = c.model_type == "qwen3";
   c.activation = root.get<std::string>("hidden_act", "silu");
   c.attention_dropout = root.get<double>("attention_dropout", 0.0);
   c.dropout = 0.0;
   c.tie_word_embeddings = root.get<bool>("tie_word_embeddings", false);
   if (auto head_dim = root.get_optional<int64_t>("head_dim")) c.head_dim = *head_dim;
+  if (c.model_type == "qwen3" && c.head_dim == 0) c.head_dim = 128;  // Qwen3Config's default
+  if (c.model_type != "llama") parse_sliding_window(root, c);
   DSCHAT_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, ConfigError,
                root.at("num_key_value_heads"), " must divide num_attention_heads (", c.num_attention_heads,
                "), got ", c.num_key_value_heads);
@@ -91,8 +71,38 @@ void parse_llama(JsonObject& root, ModelConfig& c) {
 
 }  // namespace
 
+RopeScaling parse_rope(JsonObject& root, ModelConfig& config) {
+  RopeScaling rope;
+  // transformers >= 5 writes "rope_parameters" (with rope_theta inside); older versions write
+  // "rope_theta" + "rope_scaling" ({"type"|"rope_type": ..., "factor": ...}).
+  std::optional<JsonObject> block = root.object("rope_parameters");
+  if (!block) block = root.object("rope_scaling");
+  if (!block) return rope;
+  rope.type = block->get<std::string>("rope_type", block->get<std::string>("type", "default"));
+  if (auto theta = block->get_optional<double>("rope_theta")) config.rope_theta = *theta;
+  rope.factor = block->get<double>("factor", 1.0);
+  rope.low_freq_factor = block->get<double>("low_freq_factor", 1.0);
+  rope.high_freq_factor = block->get<double>("high_freq_factor", 4.0);
+  rope.original_max_position_embeddings = block->get<int64_t>("original_max_position_embeddings", 0);
+  block->accept({"partial_rotary_factor"});
+  DSCHAT_CHECK(rope.type == "default" || rope.type == "linear" || rope.type == "dynamic" || rope.type == "llama3",
+               Unsupported, block->where(), ": rope type '", rope.type,
+               "' is not supported (supported: default, linear, dynamic, llama3)");
+  DSCHAT_CHECK(rope.type == "default" || rope.factor >= 1.0, ConfigError, block->at("factor"),
+               " must be >= 1 for rope type '", rope.type, "', got ", rope.factor);
+  DSCHAT_CHECK(rope.type != "llama3" || rope.high_freq_factor > rope.low_freq_factor, ConfigError,
+               block->where(), ": high_freq_factor (", rope.high_freq_factor, ") must exceed low_freq_factor (",
+               rope.low_freq_factor, ")");
+  block->finish();
+  return rope;
+}
+
 int64_t ModelConfig::output_dim() const {
   return architecture == Architecture::Opt ? word_embed_proj_dim : hidden_size;
+}
+
+std::string supported_model_types() {
+  return "opt, llama, mistral, qwen2, qwen3, gpt2, gpt_neo, gptj, codegen, gpt_neox, bloom";
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& where) {
@@ -100,12 +110,16 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   JsonObject root(json, where);
   ModelConfig c;
   c.model_type = root.require<std::string>("model_type");
+  SizeKeys keys;
   if (c.model_type == "opt") {
     parse_opt(root, c);
-  } else if (c.model_type == "llama") {
+    keys.ffn = "ffn_dim";
+  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
+             c.model_type == "qwen3") {
     parse_llama(root, c);
-  } else {
-    DSCHAT_THROW(Unsupported, where, ": model_type '", c.model_type, "' is not supported (supported: opt, llama)");
+  } else if (!parse_gpt_family(root, c, keys)) {
+    DSCHAT_THROW(Unsupported, where, ": model_type '", c.model_type, "' is not supported (supported: ",
+                 supported_model_types(), ")");
   }
   c.vocab_size = root.require<int64_t>("vocab_size");
   std::string dtype = root.get<std::string>("torch_dtype", "");
@@ -116,15 +130,18 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
 
   check_range(root, "vocab_size", c.vocab_size, int64_t{1}, int64_t{1} << 24);
-  check_range(root, "hidden_size", c.hidden_size, int64_t{1}, int64_t{1} << 20);
-  check_range(root, "num_hidden_layers", c.num_hidden_layers, int64_t{1}, int64_t{4096});
-  check_range(root, "num_attention_heads", c.num_attention_heads, int64_t{1}, int64_t{4096});
-  check_range(root, "max_position_embeddings", c.max_position_embeddings, int64_t{1}, int64_t{1} << 24);
-  check_range(root, c.model_type == "opt" ? "ffn_dim" : "intermediate_size", c.intermediate_size, int64_t{1},
-              int64_t{1} << 22);
+  check_range(root, keys.hidden, c.hidden_size, int64_t{1}, int64_t{1} << 20);
+  check_range(root, keys.layers, c.num_hidden_layers, int64_t{1}, int64_t{4096});
+  check_range(root, keys.heads, c.num_attention_heads, int64_t{1}, int64_t{4096});
+  check_range(root, keys.positions, c.max_position_embeddings, int64_t{1}, int64_t{1} << 24);
+  check_range(root, keys.ffn, c.intermediate_size, int64_t{1}, int64_t{1} << 22);
   DSCHAT_CHECK(c.architecture == Architecture::Llama || c.hidden_size % c.num_attention_heads == 0, ConfigError,
-               where, ": hidden_size (", c.hidden_size, ") must be divisible by num_attention_heads (",
+               where, ": ", keys.hidden, " (", c.hidden_size, ") must be divisible by ", keys.heads, " (",
                c.num_attention_heads, ")");
+  DSCHAT_CHECK(c.model_type != "codegen" || c.hidden_size % 4 == 0, ConfigError, where, ": n_embd (", c.hidden_size,
+               ") must be divisible by 4 (CodeGen's qkv_proj is interleaved over 4 shards)");
+  DSCHAT_CHECK(c.rotary_dim == 0 || (c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim), ConfigError, where,
+               ": rotary_dim (", c.rotary_dim, ") must be even and at most the head size (", c.head_dim, ")");
   DSCHAT_CHECK(c.torch_dtype == "float32" || c.torch_dtype == "float16" || c.torch_dtype == "bfloat16",
                ConfigError, where, ": torch_dtype must be float32, float16 or bfloat16, got '", c.torch_dtype, "'");
   root.accept(kIgnoredKeys);
@@ -163,15 +180,21 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["dropout"] = c.dropout;
     j["attention_dropout"] = c.attention_dropout;
     j["activation_dropout"] = c.activation_dropout;
+  } else if (c.architecture != Architecture::Llama) {
+    write_gpt_family(c, j);
   } else {
-    j["architectures"] = {"LlamaForCausalLM"};
+    j["architectures"] = {c.model_type == "mistral" ? "MistralForCausalLM"
+                          : c.model_type == "qwen2" ? "Qwen2ForCausalLM"
+                          : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                                    : "LlamaForCausalLM"};
     j["intermediate_size"] = c.intermediate_size;
     j["num_key_value_heads"] = c.num_key_value_heads;
     j["head_dim"] = c.head_dim;
     j["rms_norm_eps"] = c.rms_norm_eps;
     j["rope_theta"] = c.rope_theta;
-    j["attention_bias"] = c.attention_bias;
+    if (c.model_type != "qwen2") j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
+    if (c.model_type != "llama") write_sliding_window(c, j);
     j["hidden_act"] = c.activation;
     j["attention_dropout"] = c.attention_dropout;
     if (c.rope_scaling.type != "default") {

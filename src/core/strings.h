@@ -17,5 +17,10 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
 /// ", "-joined list: join({"a","b"}) == "a, b".
 std::string join(const std::vector<std::string>& items, const std::string& separator = ", ");
 
+inline bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+inline bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 }  // namespace core
 }  // namespace dschat

@@ -1,6 +1,8 @@
 // `dschat launch`: per-node rank start-up and supervision (see dschat/dist/launcher.h).
 #include "dschat/dist/launcher.h"
 
+#include "core/strings.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,6 +24,8 @@ namespace dschat {
 namespace dist {
 namespace {
 
+using core::starts_with;
+
 using Clock = std::chrono::steady_clock;
 
 // The variables each rank gets from the launcher. Inherited copies are dropped first so a launch
@@ -32,7 +36,6 @@ const char* const kRankVariables[] = {"RANK",         "LOCAL_RANK",       "WORLD
                                       "CROSS_RANK",   "CROSS_SIZE",       "MASTER_ADDR", "MASTER_PORT",
                                       "TORCHELASTIC_"};
 
-bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
 
 bool is_rank_variable(const std::string& entry) {
   for (const char* name : kRankVariables) {

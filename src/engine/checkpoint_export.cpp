@@ -1,22 +1,24 @@
 #include "dschat/engine/checkpoint_export.h"
 
+#include "core/strings.h"
+
 #include "dschat/core/error.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/models/hf_layout.h"
 #include "dschat/nn/linear.h"
 
 namespace dschat {
 namespace engine {
 namespace {
 
+using core::ends_with;
+
 namespace fs = std::filesystem;
 
 const std::string kRight = ".lora_right_weight";
 const std::string kLeft = ".lora_left_weight";
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 
@@ -70,6 +72,11 @@ nlohmann::json lora_scales(torch::nn::Module& module) {
 int64_t export_hf_checkpoint(const fs::path& checkpoint_dir, const std::string& tag, const fs::path& out_dir,
                              const ExportOptions& options) {
   std::map<std::string, torch::Tensor> params = consolidate_checkpoint(checkpoint_dir, tag, options);
+  // The module names are the HF names for OPT and the LLaMA family; the other families' fused
+  // and transposed tensors need the model's config to be written in their own layout.
+  if (!options.model_dir.empty() && fs::exists(options.model_dir / "config.json")) {
+    params = models::to_hf_layout(core::load_model_config(options.model_dir.string()), params);
+  }
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   DSCHAT_CHECK(!ec, IoError, out_dir.string(), ": cannot create (", ec.message(), ")");

@@ -33,6 +33,25 @@ std::string last_component(const std::string& name) {
   return dot == std::string::npos ? name : name.substr(dot + 1);
 }
 
+// What a decoder layer's Linear does, by its name in the layer ("self_attn.q_proj", "mlp.c_proj"):
+// q, kv, attention_out, ffn_in, ffn_out; "" when unknown. Each family's names (models/gpt_block.h,
+// OPT, LLaMA); GPT-2's c_proj is the attention output under attn and the MLP output under mlp.
+std::string linear_role(const std::string& name) {
+  const std::string leaf = last_component(name);
+  if (leaf == "q_proj") return "q";
+  if (leaf == "k_proj" || leaf == "v_proj") return "kv";
+  if (leaf == "fc1" || leaf == "gate_proj" || leaf == "up_proj" || leaf == "fc_in" || leaf == "c_fc" ||
+      leaf == "dense_h_to_4h") {
+    return "ffn_in";
+  }
+  if (leaf == "fc2" || leaf == "down_proj" || leaf == "fc_out" || leaf == "dense_4h_to_h" ||
+      (name.size() >= 10 && name.compare(name.size() - 10, 10, "mlp.c_proj") == 0)) {
+    return "ffn_out";
+  }
+  if (leaf == "out_proj" || leaf == "o_proj" || leaf == "c_proj" || leaf == "dense") return "attention_out";
+  return "";
+}
+
 void check_no_unfused_lora(const torch::nn::Module& module, const std::string& name) {
   const auto* linear = dynamic_cast<const nn::LinearImpl*>(&module);
   DSCHAT_CHECK(linear == nullptr || !linear->has_lora() || linear->lora_fused(), InvalidArgument,
@@ -181,16 +200,16 @@ void TensorParallelShard::bind_layer(models::CausalLM& full, int64_t layer) {
     check_no_unfused_lora(**full_module, where + " " + item.key());
     Slice weight_slice, bias_slice;  // replicated unless a Linear with a known role
     if (dynamic_cast<nn::LinearImpl*>(item.value().get()) != nullptr) {
-      const std::string role = last_component(item.key());
-      if (role == "q_proj") {
+      const std::string role = linear_role(item.key());
+      if (role == "q") {
         weight_slice = bias_slice = heads_slice;
-      } else if (role == "k_proj" || role == "v_proj") {
+      } else if (role == "kv") {
         weight_slice = bias_slice = kv_slice;
-      } else if (role == "fc1" || role == "gate_proj" || role == "up_proj") {
+      } else if (role == "ffn_in") {
         weight_slice = bias_slice = ffn_slice;
-      } else if (role == "out_proj" || role == "o_proj") {
+      } else if (role == "attention_out") {
         weight_slice = {1, heads_slice.first, heads_slice.count, heads_slice.full_extent};  // bias stays whole
-      } else if (role == "fc2" || role == "down_proj") {
+      } else if (role == "ffn_out") {
         weight_slice = {1, ffn_slice.first, ffn_slice.count, ffn_slice.full_extent};
       } else {
         DSCHAT_THROW(InvalidArgument, "tensor-parallel shard: ", where, " has a Linear '", item.key(),

@@ -65,10 +65,40 @@ std::string expand_short_model_name(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   static const std::regex opt("opt-[0-9.]+[mb]", std::regex::icase);
   static const std::regex llama2("llama-2-([0-9]+)b(-chat)?", std::regex::icase);
+  // The families of DeepSpeed-Chat's README and today's starting points, by their hub ids' casing.
+  static const std::regex gpt2("gpt2(-medium|-large|-xl)?", std::regex::icase);
+  static const std::regex eleuther("(pythia-[0-9.]+[mb](-deduped)?|gpt-neo-[0-9.]+[mb]|gpt-j-6b|gpt-neox-20b)",
+                                   std::regex::icase);
+  static const std::regex bloom("bloomz?-[0-9a-z.]+", std::regex::icase);
+  static const std::regex codegen("codegen-([0-9.]+)([mb])-(mono|multi|nl)", std::regex::icase);
+  static const std::regex qwen("qwen(2\\.5|2|3)-([0-9.]+)([mb])(-instruct|-base)?", std::regex::icase);
+  static const std::regex mistral("mistral-7b(-instruct)?-(v0\\.[0-9])", std::regex::icase);
+  auto lower = [](std::string text) {
+    for (auto& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return text;
+  };
+  auto upper = [](std::string text) {
+    for (auto& ch : text) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return text;
+  };
   std::smatch match;
   if (std::regex_match(name, opt)) return "facebook/" + name;
   if (std::regex_match(name, match, llama2)) {
     return "meta-llama/Llama-2-" + match[1].str() + "b" + (match[2].matched ? "-chat" : "") + "-hf";
+  }
+  if (std::regex_match(name, gpt2)) return "openai-community/" + lower(name);
+  if (std::regex_match(name, eleuther)) return "EleutherAI/" + lower(name);
+  if (std::regex_match(name, bloom)) return "bigscience/" + lower(name);
+  if (std::regex_match(name, match, codegen)) {
+    return "Salesforce/codegen-" + match[1].str() + upper(match[2].str()) + "-" + lower(match[3].str());
+  }
+  if (std::regex_match(name, match, qwen)) {  // Qwen/Qwen2.5-0.5B-Instruct, Qwen/Qwen3-8B-Base
+    const std::string variant = lower(match[4].str());
+    return "Qwen/Qwen" + match[1].str() + "-" + match[2].str() + upper(match[3].str()) +
+           (variant == "-instruct" ? "-Instruct" : variant == "-base" ? "-Base" : "");
+  }
+  if (std::regex_match(name, match, mistral)) {
+    return std::string("mistralai/Mistral-7B") + (match[1].matched ? "-Instruct" : "") + "-" + lower(match[2].str());
   }
   return name;
 }

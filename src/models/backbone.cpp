@@ -2,6 +2,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/core/host_sync.h"
+#include "models/gpt_block.h"
 #include "models/llama.h"
 #include "models/opt.h"
 
@@ -60,6 +61,11 @@ std::shared_ptr<Backbone> make_backbone(const core::ModelConfig& config) {
   switch (config.architecture) {
     case core::Architecture::Opt: return std::make_shared<OptModel>(config);
     case core::Architecture::Llama: return std::make_shared<LlamaModel>(config);
+    case core::Architecture::Gpt2:
+    case core::Architecture::GptNeo:
+    case core::Architecture::GptJ:
+    case core::Architecture::GptNeox:
+    case core::Architecture::Bloom: return std::make_shared<GptModel>(config);
   }
   DSCHAT_THROW(Unsupported, "model_type '", config.model_type, "' has no backbone");
 }

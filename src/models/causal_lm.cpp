@@ -1,30 +1,15 @@
 #include "dschat/models/causal_lm.h"
 
+#include "dschat/models/hf_layout.h"
+
 namespace dschat {
 namespace models {
-
-NamedTensors rebase_backbone_names(const NamedTensors& weights, const std::string& prefix) {
-  static const std::vector<std::string> kKnownPrefixes = {"model.", "rwtransformer.", "base_model."};
-  NamedTensors out;
-  for (const auto& [name, tensor] : weights) {
-    std::string key = name;
-    for (const auto& known : kKnownPrefixes) {
-      if (key.rfind(known, 0) == 0) {
-        key = key.substr(known.size());
-        break;
-      }
-    }
-    bool is_head = key == "lm_head.weight" || key == "v_head.weight";
-    out.emplace(is_head ? key : prefix + key, tensor);
-  }
-  return out;
-}
 
 CausalLMImpl::CausalLMImpl(const core::ModelConfig& config) {
   backbone_ = register_module("model", make_backbone(config));
   if (!config.tie_word_embeddings) {
     lm_head_ = register_module("lm_head",
-                               nn::Linear(nn::LinearOptions(config.output_dim(), config.vocab_size).bias(false)));
+                               nn::Linear(nn::LinearOptions(config.output_dim(), config.vocab_size).bias(config.lm_head_bias)));
   }
 }
 
@@ -47,10 +32,10 @@ void CausalLMImpl::load_weights(const NamedTensors& weights, const std::string& 
   WeightBinding binding;
   binding.deferred = deferred;
   if (config().tie_word_embeddings) binding.ignored.insert("lm_head.weight");
-  models::load_weights(*this, rebase_backbone_names(weights, "model."), binding, source);
+  models::load_weights(*this, from_hf_layout(config(), weights, "model.", source), binding, source);
 }
 
-NamedTensors CausalLMImpl::state_dict() const { return named_weights(*this); }
+NamedTensors CausalLMImpl::state_dict() const { return to_hf_layout(config(), named_weights(*this)); }
 
 void CausalLMImpl::pretty_print(std::ostream& stream) const {
   const auto& c = backbone_->config();

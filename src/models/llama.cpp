@@ -32,12 +32,15 @@ torch::Tensor LlamaMlpImpl::forward_inference(const torch::Tensor& x, nn::Tensor
   return down_proj(gated);  // [B, T, H]
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config) {
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const core::ModelConfig& config, int64_t layer) {
   self_attn = register_module(
       "self_attn", nn::Attention(nn::AttentionOptions(config.hidden_size, config.num_attention_heads)
                                      .num_kv_heads(config.num_key_value_heads)
                                      .head_dim(config.head_dim)
                                      .bias(config.attention_bias)
+                                     .output_bias(config.attention_output_bias)
+                                     .qk_norm_eps(config.qk_norm ? config.rms_norm_eps : 0.0)
+                                     .sliding_window(config.is_sliding_layer(layer))
                                      .output_name("o_proj")
                                      .dropout(config.attention_dropout)));
   mlp = register_module("mlp", LlamaMlp(config));
@@ -68,7 +71,7 @@ LlamaModel::LlamaModel(const core::ModelConfig& config)
       register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size,
                                                     nn::padding_row(config.pad_token_id, config.vocab_size)));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config, i));
   norm = register_module("norm", nn::RmsNorm(nn::RmsNormOptions(config.hidden_size).eps(config.rms_norm_eps)));
 }
 
@@ -81,8 +84,8 @@ torch::Tensor LlamaModel::forward(const torch::Tensor& input_ids, const torch::T
   torch::Tensor positions = nn::positions_from_mask(mask, steps, /*pad_position=*/1);  // [B, T]
   torch::Tensor h = embed_tokens(input_ids);                                          // [B, T, H]
 
-  nn::AttentionInputs inputs =
-      nn::attention_masking(mask, steps, h.scalar_type(), resolve_mask_layout(attention_mask, cache, layout));
+  nn::AttentionInputs inputs = nn::attention_masking(
+      mask, steps, h.scalar_type(), resolve_mask_layout(attention_mask, cache, layout), config_.sliding_window);
   std::tie(inputs.cos, inputs.sin) = rotary_->cos_sin(positions, h.scalar_type());  // [B, T, D] each
   inputs.tensor_parallel = tensor_parallel_group().get();
   h = run_layers<LlamaDecoderLayerImpl>(layers, h, inputs, cache);

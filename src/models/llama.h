@@ -1,7 +1,10 @@
 #pragma once
-// LLaMA (and LLaMA-2/3 shapes): RMSNorm, rotary embeddings with the configured scaling, SwiGLU
-// MLP, grouped-query attention. Parameter names match LlamaModel's state dict:
-// embed_tokens.weight, layers.N.self_attn.q_proj.weight, ..., norm.weight.
+// LLaMA (and LLaMA-2/3 shapes) and the families that are LLaMA with switches: Mistral (sliding
+// window), Qwen2/2.5 (q/k/v biases, windowed layers by layer_types), Qwen3 (q/k RMSNorm per
+// head, head_dim apart from hidden / heads). RMSNorm, rotary embeddings with the configured
+// scaling, SwiGLU MLP, grouped-query attention. Parameter names match LlamaModel's state dict
+// (and Mistral's, Qwen2's, Qwen3's): embed_tokens.weight, layers.N.self_attn.q_proj.weight, ...,
+// norm.weight.
 
 #include "dschat/models/backbone.h"
 #include "dschat/nn/attention.h"
@@ -33,7 +36,7 @@ TORCH_MODULE(LlamaMlp);
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const core::ModelConfig& config);
+  LlamaDecoderLayerImpl(const core::ModelConfig& config, int64_t layer);
   /// x: [B, T, H] -> [B, T, H]
   torch::Tensor forward(const torch::Tensor& x, const nn::AttentionInputs& inputs, int64_t layer, nn::KvCache* cache);
 

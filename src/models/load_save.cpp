@@ -7,7 +7,10 @@
 #include "dschat/core/error.h"
 #include "dschat/io/model_source.h"
 #include "dschat/io/state_dict.h"
+#include "dschat/models/hf_layout.h"
+#include "dschat/nn/embedding.h"
 #include "dschat/nn/linear.h"
+#include "dschat/nn/rms_norm.h"
 
 namespace dschat {
 namespace models {
@@ -29,19 +32,22 @@ Source find_source(const std::string& name_or_path, bool random_init) {
 }
 
 // transformers' initialisation (normal(0, 0.02) weights, zero biases, unit norms), so random
-// models have realistic activation scales for benchmarks.
+// models have realistic activation scales for benchmarks. Norms are found by their module type,
+// whatever a family calls them (ln_1, input_layernorm, q_norm, ...).
 void init_like_transformers(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    bool is_norm = name.find("norm") != std::string::npos;
+  for (auto& p : module.parameters()) {
     if (p.dim() >= 2) {
       p.normal_(0.0, 0.02);
-    } else if (is_norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
-      p.fill_(1.0);
     } else {
       p.zero_();
+    }
+  }
+  for (const auto& item : module.modules()) {
+    if (auto* layer_norm = dynamic_cast<nn::LayerNormImpl*>(item.get())) {
+      if (layer_norm->weight.defined()) layer_norm->weight.fill_(1.0);
+    } else if (auto* rms_norm = dynamic_cast<nn::RmsNormImpl*>(item.get())) {
+      rms_norm->weight.fill_(1.0);
     }
   }
 }
@@ -156,7 +162,7 @@ void write_config(const core::ModelConfig& config, const fs::path& dir, torch::S
 void save_model_tensors(const NamedTensors& state, const core::ModelConfig& config, const fs::path& dir,
                 int64_t max_shard_bytes) {
   io::TensorMap weights;
-  for (const auto& [name, tensor] : state) weights.emplace(name, tensor.detach().to(torch::kCPU));
+  for (const auto& [name, tensor] : to_hf_layout(config, state)) weights.emplace(name, tensor.detach().to(torch::kCPU));
   io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
   write_config(config, dir, weights.begin()->second.scalar_type());
 }
@@ -178,11 +184,11 @@ ValueHeadModel load_value_model(const std::string& name_or_path, const LoadOptio
 }
 
 void save_causal_lm(CausalLM& model, const fs::path& dir, int64_t max_shard_bytes) {
-  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
+  save_model_tensors(named_weights(*model), model->config(), dir, max_shard_bytes);
 }
 
 void save_value_model(ValueHeadModel& model, const fs::path& dir, int64_t max_shard_bytes) {
-  save_model_tensors(model->state_dict(), model->config(), dir, max_shard_bytes);
+  save_model_tensors(named_weights(*model), model->config(), dir, max_shard_bytes);
 }
 
 

@@ -16,16 +16,6 @@ nn::LayerNorm make_layer_norm(const core::ModelConfig& config) {
       nn::LayerNormOptions(config.hidden_size).eps(kLayerNormEps).elementwise_affine(config.layer_norm_elementwise_affine));
 }
 
-ops::Activation op_activation(nn::Activation activation) {
-  switch (activation) {
-    case nn::Activation::Relu: return ops::Activation::Relu;
-    case nn::Activation::Gelu: return ops::Activation::Gelu;
-    case nn::Activation::GeluTanh: return ops::Activation::GeluTanh;
-    case nn::Activation::Silu: return ops::Activation::Silu;
-  }
-  return ops::Activation::Relu;
-}
-
 // LayerNorm(x + bias + residual) with `norm`'s parameters, and the sum, in one op.
 ops::ResidualNormOutput add_and_norm(const nn::LayerNorm& norm, const torch::Tensor& x,
                                      const torch::Tensor& bias, const torch::Tensor& residual) {
@@ -45,6 +35,7 @@ OptDecoderLayerImpl::OptDecoderLayerImpl(const core::ModelConfig& config)
   self_attn = register_module("self_attn", nn::Attention(nn::AttentionOptions(h, config.num_attention_heads)
                                                               .head_dim(head_dim)
                                                               .bias(config.enable_bias)
+                                                              .output_bias(config.enable_bias)
                                                               .output_name("out_proj")
                                                               .scale_query(true)
                                                               .dropout(config.attention_dropout)));
@@ -67,7 +58,7 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x, const nn::Att
     auto [f, h] = add_and_norm(pre_norm_ ? final_layer_norm : self_attn_layer_norm, a, attn_bias, x);
     if (!pre_norm_) h = f;
     torch::Tensor g = nn::linear_deferring_bias(*fc1, f, &fc1_bias);                          // [B, T, F]
-    g = ops::bias_activation(g, fc1_bias, op_activation(static_cast<nn::Activation>(activation_)));
+    g = ops::bias_activation(g, fc1_bias, nn::fused_activation(static_cast<nn::Activation>(activation_)));
     // A tensor-parallel shard holds columns of fc2: its output is a partial sum (row_parallel_linear).
     nn::TensorParallelGroup* tp = inputs.tensor_parallel;
     if (pre_norm_) return h + (tp != nullptr ? nn::row_parallel_linear(*fc2, g, *tp) : fc2(g));

@@ -1,6 +1,6 @@
 #include "dschat/models/value_head.h"
 
-#include "dschat/models/causal_lm.h"
+#include "dschat/models/hf_layout.h"
 
 namespace dschat {
 namespace models {
@@ -21,11 +21,12 @@ void ValueHeadModelImpl::load_weights(const NamedTensors& weights, const std::st
   WeightBinding binding;
   binding.deferred = deferred;
   binding.ignored.insert("lm_head.weight");
+  binding.ignored.insert("lm_head.bias");
   if (allow_missing_head) binding.optional.insert("v_head.weight");
-  models::load_weights(*this, rebase_backbone_names(weights, "rwtransformer."), binding, source);
+  models::load_weights(*this, from_hf_layout(config(), weights, "rwtransformer.", source), binding, source);
 }
 
-NamedTensors ValueHeadModelImpl::state_dict() const { return named_weights(*this); }
+NamedTensors ValueHeadModelImpl::state_dict() const { return to_hf_layout(config(), named_weights(*this)); }
 
 }  // namespace models
 }  // namespace dschat

@@ -23,5 +23,16 @@ torch::Tensor apply_activation(Activation activation, const torch::Tensor& x) {
   DSCHAT_INTERNAL_ASSERT(false, "unhandled activation");
 }
 
+ops::Activation fused_activation(Activation activation) {
+  switch (activation) {
+    case Activation::Relu: return ops::Activation::Relu;
+    case Activation::Gelu: return ops::Activation::Gelu;
+    case Activation::GeluTanh: return ops::Activation::GeluTanh;
+    case Activation::Silu: return ops::Activation::Silu;
+  }
+  DSCHAT_INTERNAL_ASSERT(false, "unhandled activation");
+  return ops::Activation::Relu;
+}
+
 }  // namespace nn
 }  // namespace dschat

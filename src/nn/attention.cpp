@@ -42,9 +42,27 @@ torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t
   return bias.masked_fill(allowed.logical_not(), min_value).unsqueeze(1);
 }
 
+torch::Tensor sliding_window_bias(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t window,
+                                  torch::ScalarType dtype) {
+  const int64_t total = attention_mask.size(1), cached = total - new_tokens;
+  auto device = attention_mask.device();
+  torch::Tensor mask = attention_mask.to(torch::kInt64);                                    // [B, S]
+  torch::Tensor position = mask.cumsum(1) - 1;                                              // [B, S]
+  torch::Tensor query_index = torch::arange(cached, total, torch::dtype(torch::kInt64).device(device)).unsqueeze(1);  // [T, 1]
+  torch::Tensor key_index = torch::arange(total, torch::dtype(torch::kInt64).device(device)).unsqueeze(0);            // [1, S]
+  torch::Tensor query_position = position.narrow(1, cached, new_tokens).unsqueeze(2);       // [B, T, 1]
+  torch::Tensor in_window = (query_position - position.unsqueeze(1)) < window;              // [B, T, S]
+  torch::Tensor allowed = (key_index <= query_index).unsqueeze(0) & mask.to(torch::kBool).unsqueeze(1) & in_window;
+  torch::Tensor bias = torch::zeros(allowed.sizes(), torch::dtype(dtype).device(device));  // [B, T, S]
+  return bias.masked_fill(allowed.logical_not(), lowest_value(dtype)).unsqueeze(1);         // [B, 1, T, S]
+}
+
 AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype,
-                                  MaskLayout layout) {
+                                  MaskLayout layout, int64_t window) {
   AttentionInputs inputs;
+  if (window > 0 && attention_mask.size(1) > window) {
+    inputs.window_bias = sliding_window_bias(attention_mask, new_tokens, window, dtype);  // [B, 1, T, S]
+  }
   const int64_t total = attention_mask.size(1);
   const bool unpadded = layout == MaskLayout::kUnpadded || attention_mask.numel() == 0;
   // Right padding without cached tokens: a real token's causal window holds only real tokens.
@@ -81,8 +99,34 @@ AttentionImpl::AttentionImpl(const AttentionOptions& options_) : options(options
   k_proj = register_module("k_proj", Linear(LinearOptions(h, options.num_kv_heads() * d).bias(options.bias())));
   v_proj = register_module("v_proj", Linear(LinearOptions(h, options.num_kv_heads() * d).bias(options.bias())));
   o_proj = register_module(options.output_name(),
-                           Linear(LinearOptions(options.num_heads() * d, h).bias(options.bias())));
+                           Linear(LinearOptions(options.num_heads() * d, h).bias(options.output_bias())));
+  if (options.qk_norm_eps() > 0.0) {
+    q_norm = register_module("q_norm", RmsNorm(RmsNormOptions(d).eps(options.qk_norm_eps())));
+    k_norm = register_module("k_norm", RmsNorm(RmsNormOptions(d).eps(options.qk_norm_eps())));
+  }
 }
+
+namespace {
+
+// Rotary on the first R = cos.size(-1) dims of each head of q [B, H, T, D] and k [B, Hkv, T, D]
+// (R == D: all of them); the fused op on the inference path.
+std::pair<torch::Tensor, torch::Tensor> rotate(const torch::Tensor& q, const torch::Tensor& k,
+                                               const AttentionInputs& inputs, bool inference) {
+  const int64_t rotary = inputs.cos.size(-1), d = q.size(-1);
+  torch::Tensor q_rot = rotary == d ? q : q.narrow(-1, 0, rotary);  // [B, H, T, R]
+  torch::Tensor k_rot = rotary == d ? k : k.narrow(-1, 0, rotary);  // [B, Hkv, T, R]
+  if (inference) {
+    std::tie(q_rot, k_rot) = ops::rotary_embedding(q_rot, k_rot, inputs.cos, inputs.sin);
+  } else {
+    q_rot = apply_rotary(q_rot, inputs.cos, inputs.sin);
+    k_rot = apply_rotary(k_rot, inputs.cos, inputs.sin);
+  }
+  if (rotary == d) return {q_rot, k_rot};
+  return {torch::cat({q_rot, q.narrow(-1, rotary, d - rotary)}, -1),   // [B, H, T, D]
+          torch::cat({k_rot, k.narrow(-1, rotary, d - rotary)}, -1)};  // [B, Hkv, T, D]
+}
+
+}  // namespace
 
 bool use_inference_ops(const KvCache* cache, bool dropout_active) {
   return cache != nullptr && !torch::GradMode::is_enabled() && !dropout_active;
@@ -105,22 +149,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   require_tensor_parallel_inference(inputs.tensor_parallel, inference, "attention");
   torch::Tensor q = q_proj(x);  // [B, T, H * D]
   if (options.scale_query()) q = q * scale;
-  q = q.view({batch, steps, options.num_heads(), d}).transpose(1, 2);                  // [B, H, T, D]
-  torch::Tensor k = k_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
-  torch::Tensor v = v_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
-  if (inputs.cos.defined()) {
-    if (inference) {
-      std::tie(q, k) = ops::rotary_embedding(q, k, inputs.cos, inputs.sin);
-    } else {
-      q = apply_rotary(q, inputs.cos, inputs.sin);
-      k = apply_rotary(k, inputs.cos, inputs.sin);
-    }
+  q = q.view({batch, steps, options.num_heads(), d});                        // [B, T, H, D]
+  torch::Tensor k = k_proj(x).view({batch, steps, options.num_kv_heads(), d});  // [B, T, Hkv, D]
+  if (!q_norm.is_empty()) {  // Qwen3: each head normalised before rotary
+    q = q_norm(q);
+    k = k_norm(k);
   }
+  q = q.transpose(1, 2);                                                                        // [B, H, T, D]
+  k = k.transpose(1, 2);                                                                        // [B, Hkv, T, D]
+  torch::Tensor v = v_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
+  if (inputs.cos.defined()) std::tie(q, k) = rotate(q, k, inputs, inference);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, Hkv, S, D] each
-  const double score_scale = options.scale_query() ? 1.0 : scale;
+  const double score_scale = options.scale_query() || !options.scaled() ? 1.0 : scale;
+  // A sliding-window layer whose window is shorter than the keys masks with its own bias.
+  const bool windowed = options.sliding_window() && inputs.window_bias.defined();
+  const torch::Tensor& mask_bias = windowed ? inputs.window_bias : inputs.bias;
+  const bool decode_op_fits = !windowed && !inputs.bias_carries_scores;
   torch::Tensor out;  // [B, T, H * D]
   // A padded batch needs the key mask: one built by hand with only `bias` takes the SDPA path.
-  if (inference && steps == 1 && (inputs.attention_mask.defined() || !inputs.bias.defined())) {
+  if (inference && steps == 1 && decode_op_fits && (inputs.attention_mask.defined() || !inputs.bias.defined())) {
     out = ops::decode_attention(q, k, v, inputs.attention_mask, k.size(2), score_scale)  // [B, H, 1, D]
               .reshape({batch, 1, options.num_heads() * d});
   } else {
@@ -130,8 +177,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
     const bool grouped = options.num_heads() != options.num_kv_heads();
     double dropout = is_training() ? options.dropout() : 0.0;
     std::optional<torch::Tensor> bias;
-    if (inputs.bias.defined()) bias = inputs.bias.to(q.scalar_type());
-    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, inputs.is_causal, score_scale,
+    if (mask_bias.defined()) bias = mask_bias.to(q.scalar_type());
+    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, !windowed && inputs.is_causal, score_scale,
                                            /*enable_gqa=*/grouped);  // [B, H, T, D]
     out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});                    // [B, T, H * D]
   }

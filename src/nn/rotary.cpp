@@ -10,7 +10,7 @@ namespace nn {
 
 torch::Tensor rotary_inverse_frequencies(const core::ModelConfig& config, int64_t sequence_length) {
   const auto& rope = config.rope_scaling;
-  const int64_t dim = config.head_dim;
+  const int64_t dim = config.rotary_dims();
   double base = config.rope_theta;
   if (rope.type == "dynamic" && sequence_length > config.max_position_embeddings) {
     double ratio = rope.factor * static_cast<double>(sequence_length) / config.max_position_embeddings - (rope.factor - 1);

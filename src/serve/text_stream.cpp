@@ -1,16 +1,17 @@
 #include "dschat/serve/text_stream.h"
 
+#include "core/strings.h"
+
 #include <algorithm>
 
 namespace dschat {
 namespace serve {
 namespace {
 
+using core::ends_with;
+
 constexpr const char* kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 

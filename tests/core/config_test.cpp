@@ -69,8 +69,8 @@ TEST(ModelConfigTest, ParsesLlamaRopeInBothLayouts) {
 }
 
 TEST(ModelConfigTest, RejectsBadConfigsWithNamedErrors) {
-  EXPECT_THROW_WITH(core::parse_model_config(R"({"model_type": "gpt_neox"})", "c.json"), core::Unsupported,
-                    "c.json: model_type 'gpt_neox' is not supported (supported: opt, llama)");
+  EXPECT_THROW_WITH(core::parse_model_config(R"({"model_type": "falcon"})", "c.json"), core::Unsupported,
+                    "c.json: model_type 'falcon' is not supported (supported: opt, llama, mistral");
   EXPECT_THROW_WITH(core::parse_model_config(R"({"model_type": "opt", "vocab_size": 5})", "c.json"), ConfigError,
                     "c.json: missing required key 'hidden_size'");
   std::string bad_heads = kOpt;

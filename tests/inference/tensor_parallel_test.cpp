@@ -199,7 +199,7 @@ class TensorParallelMultiprocTest : public ::testing::TestWithParam<std::string>
 
 TEST_P(TensorParallelMultiprocTest, TwoGlooRanksMatchOneProcess) { expect_processes_match(GetParam(), 2, "view"); }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelMultiprocTest, ::testing::ValuesIn(testing::model_fixtures()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelMultiprocTest, ::testing::ValuesIn(testing::process_model_fixtures()),
                          testing::FixtureName());
 
 // opt-preln: 4 heads, ffn 64. llama-gqa: 4 heads over 2 key/value heads, each replicated on 2 ranks.

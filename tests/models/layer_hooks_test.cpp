@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -211,8 +212,12 @@ TEST_P(LayerHooks, LogitsAndGradientsEqualTheModelWithoutHooks) {
 TEST_P(LayerHooks, FrozenEmbeddingsStillGiveEveryLayerItsGradients) {
   // LoRA-style training: the layers' input needs no gradient, their parameters do.
   for (auto* model : {&model_, &reference_}) {
-    for (const auto& param : (*model)->named_parameters()) {
-      if (param.key().find(".layers.") == std::string::npos) param.value().set_requires_grad(false);
+    std::set<const c10::TensorImpl*> in_layers;  // whatever the family calls its layer list
+    for (const auto& layer : (*model)->backbone().decoder_layers()) {
+      for (const auto& param : layer->parameters()) in_layers.insert(param.unsafeGetTensorImpl());
+    }
+    for (const auto& param : (*model)->parameters()) {
+      if (!in_layers.count(param.unsafeGetTensorImpl())) param.set_requires_grad(false);
     }
   }
   ReleasingHooks hooks(model_->backbone());
@@ -266,8 +271,10 @@ TEST_P(LayerHooks, GradEnabledForwardWithKvCacheIsUnsupported) {
 TEST_P(LayerHooks, DecoderLayersAreTheLayerModulesInOrder) {
   auto layers = model_->backbone().decoder_layers();
   ASSERT_EQ(layers.size(), static_cast<size_t>(kLayers));
-  const bool opt = config_.architecture == core::Architecture::Opt;
-  const std::string prefix = opt ? "model.decoder.layers." : "model.layers.";
+  const auto arch = config_.architecture;
+  const std::string prefix = arch == core::Architecture::Opt                                      ? "model.decoder.layers."
+                             : arch == core::Architecture::Llama || arch == core::Architecture::GptNeox ? "model.layers."
+                                                                                                  : "model.h.";
   auto params = model_->named_parameters();
   for (size_t i = 0; i < layers.size(); ++i) {
     for (const auto& param : layers[i]->named_parameters()) {

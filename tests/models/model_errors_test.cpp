@@ -70,8 +70,8 @@ TEST(ModelNames, OldOptCheckpointsWithoutModelPrefixLoad) {
 
 TEST(ModelErrors, UnknownModelTypeNamesTheConfigFile) {
   testing::TempDir tmp;
-  std::ofstream(tmp / "config.json") << R"({"model_type": "bloom", "vocab_size": 3})";
-  EXPECT_THROW_WITH(models::load_causal_lm(tmp.path().string()), core::Unsupported, "config.json: model_type 'bloom'");
+  std::ofstream(tmp / "config.json") << R"({"model_type": "falcon", "vocab_size": 3})";
+  EXPECT_THROW_WITH(models::load_causal_lm(tmp.path().string()), core::Unsupported, "config.json: model_type 'falcon'");
 }
 
 TEST(ModelErrors, MissingWeightsListTheFilesLookedFor) {
@@ -107,6 +107,44 @@ TEST(ModelSource, FindsHubCacheSnapshotsByIdAndShortName) {
   unsetenv("HF_HOME");
   EXPECT_EQ(io::expand_short_model_name("llama-2-7b"), "meta-llama/Llama-2-7b-hf");
   EXPECT_EQ(io::expand_short_model_name("opt-1.3b"), "facebook/opt-1.3b");
+  // The other families' hub ids, with their casing (the cache folder is case-sensitive).
+  const std::pair<const char*, const char*> ids[] = {
+      {"gpt2-medium", "openai-community/gpt2-medium"},   {"pythia-1.4b", "EleutherAI/pythia-1.4b"},
+      {"gpt-j-6b", "EleutherAI/gpt-j-6b"},               {"gpt-neo-125m", "EleutherAI/gpt-neo-125m"},
+      {"bloom-560m", "bigscience/bloom-560m"},           {"bloomz-1b7", "bigscience/bloomz-1b7"},
+      {"codegen-350m-mono", "Salesforce/codegen-350M-mono"},
+      {"qwen2.5-0.5b-instruct", "Qwen/Qwen2.5-0.5B-Instruct"}, {"Qwen3-8B", "Qwen/Qwen3-8B"},
+      {"qwen3-4b-base", "Qwen/Qwen3-4B-Base"},           {"mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1"},
+      {"mistral-7b-instruct-v0.2", "mistralai/Mistral-7B-Instruct-v0.2"}};
+  for (const auto& [name, id] : ids) EXPECT_EQ(io::expand_short_model_name(name), id) << name;
+}
+
+TEST(ModelSource, FamilyPresetsRoundTripAndTheSmallOnesRun) {
+  // Every preset's config.json round-trips through transformers' keys (plan and --init random
+  // read these)...
+  for (const std::string& name : core::model_preset_names()) {
+    auto preset = core::model_preset(name);
+    ASSERT_TRUE(preset.has_value()) << name;
+    core::ModelConfig back = core::parse_model_config(core::model_config_to_json(*preset), name);
+    EXPECT_EQ(core::model_config_to_json(back), core::model_config_to_json(*preset)) << name;
+  }
+  // ... and the two smallest new ones build at their real shape, bf16, random weights, and run.
+  for (const char* name : {"pythia-70m", "gpt2"}) {
+    SCOPED_TRACE(name);
+    auto preset = core::model_preset(name);
+    models::LoadOptions options;
+    options.random_init = true;
+    options.dtype = torch::kBFloat16;
+    auto model = models::load_causal_lm(name, options);
+    EXPECT_EQ(model->config().model_type, preset->model_type);
+    torch::NoGradGuard no_grad;
+    torch::Tensor logits = model->forward(torch::tensor({{2, 100, 200}}, torch::kInt64));  // [1, 3, V]
+    EXPECT_EQ(logits.size(2), preset->vocab_size);
+    EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  }
+  EXPECT_EQ(core::model_preset("Qwen/Qwen2.5-7B-Instruct")->num_key_value_heads, 4);
+  EXPECT_EQ(core::model_preset("qwen3-8b")->head_dim, 128);
+  EXPECT_TRUE(core::model_preset("mistral-7b-v0.1")->is_sliding_layer(31));
 }
 
 TEST(ModelSource, RandomInitBuildsPresetsWithoutWeights) {

@@ -17,8 +17,10 @@
 
 #include "dschat/inference/generate.h"
 #include "dschat/inference/kv_cache.h"
+#include "dschat/models/hf_layout.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
+#include "dschat/io/state_dict.h"
 #include "model_fixtures.h"
 #include "test_util.h"
 
@@ -117,12 +119,18 @@ TEST_P(ModelParity, GradientsMatchTransformers) {
   // rest is rounding noise on both sides (opt-preln's k_proj.bias: ~6e-10 beside 0.25, differing
   // by ~2e-9 on some CPUs), which a tolerance relative to itself alone would compare bit for bit.
   const double scale_floor = 1e-3 * largest;
-  auto params = model->named_parameters();
+  // Our gradients in the checkpoint's layout (fused q/k/v, Conv1D, rotary order: hf_layout.h), so
+  // they compare with transformers' by name; the mapping only moves entries.
+  models::NamedTensors module_grads;
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    module_grads[p.key()] = p.value().grad();
+  }
+  const models::NamedTensors grads = models::to_hf_layout(model->config(), module_grads);
   int compared = 0;
   for (const auto& [param, expected] : expected_grads) {
-    ASSERT_NE(params.find(param), nullptr) << param;
-    torch::Tensor grad = params[param].grad();
-    ASSERT_TRUE(grad.defined()) << param;
+    ASSERT_TRUE(grads.count(param)) << param;
+    torch::Tensor grad = grads.at(param);
     const double scale = std::max(expected.abs().max().item<double>(), scale_floor);
     EXPECT_LT(max_abs_diff(grad, expected), 1e-4 * scale) << param;
     ++compared;
@@ -271,24 +279,38 @@ TEST(ValueHeadParity, RightPaddedValuesEqualTheExplicitMaskAtRealTokens) {
   EXPECT_LT(masked_max_diff(causal, masked, right.mask), layout_tolerance(masked));
 }
 
-TEST(ValueHeadParity, RewardValuesMatchDeepSpeedChatLayout) {
-  auto dir = fixture("reward-opt-postln");
+class ValueHeadLayout : public ::testing::TestWithParam<std::string> {};
+
+// DeepSpeed-Chat's reward layout over OPT (word_embed_proj_dim != hidden) and GPT-2 (fused c_attn
+// and Conv1D weights under rwtransformer.): values equal its RewardModel's, and save/load round trips.
+TEST_P(ValueHeadLayout, RewardValuesMatchDeepSpeedChatLayout) {
+  auto dir = fixture(GetParam());
   torch::Tensor ids = io::load_npy(dir / "expected" / "input_ids.npy");        // [B, T]
   torch::Tensor mask = io::load_npy(dir / "expected" / "attention_mask.npy");  // [B, T]
   torch::Tensor expected = io::load_npy(dir / "expected" / "values.npy");      // [B, T]
   auto model = models::load_value_model(dir.string());
-  EXPECT_EQ(model->config().output_dim(), 16);  // word_embed_proj_dim, not hidden_size
+  const bool opt = GetParam() == "reward-opt-postln";
+  if (opt) EXPECT_EQ(model->config().output_dim(), 16);  // word_embed_proj_dim, not hidden_size
   torch::NoGradGuard no_grad;
   EXPECT_LT(masked_max_diff(model->forward(ids, mask), expected, mask), 1e-4);
 
   testing::TempDir tmp;
   models::save_value_model(model, tmp.path());
-  auto names = model->state_dict();
-  EXPECT_TRUE(names.count("v_head.weight"));
-  EXPECT_TRUE(names.count("rwtransformer.decoder.embed_tokens.weight"));
+  // The file holds exactly the checkpoint's tensor names (DeepSpeed-Chat's layout).
+  const io::TensorMap saved = io::load_state_dict(tmp.path());
+  const io::TensorMap original = io::load_state_dict(dir);
+  ASSERT_EQ(saved.size(), original.size());
+  for (const auto& [name, tensor] : original) {
+    ASSERT_TRUE(saved.count(name)) << name;
+    EXPECT_TRUE(torch::equal(saved.at(name), tensor)) << name;
+  }
+  EXPECT_TRUE(saved.count(opt ? "rwtransformer.decoder.embed_tokens.weight" : "rwtransformer.h.0.attn.c_attn.weight"));
   auto reloaded = models::load_value_model(tmp.path().string());
   EXPECT_TRUE(torch::equal(reloaded->forward(ids, mask), model->forward(ids, mask)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ValueHeadLayout, ::testing::Values("reward-opt-postln", "reward-gpt2"),
+                         testing::FixtureName());
 
 TEST(ValueHeadParity, InitialisesFromCausalLmCheckpointWhenAllowed) {
   std::string dir = fixture("opt-postln").string();

@@ -10,7 +10,10 @@
 namespace dschat {
 namespace core {
 
-enum class Architecture { Opt, Llama };
+/// The decoder families dschat builds. Llama also covers Mistral, Qwen2/2.5 and Qwen3 (their
+/// differences are config flags: q/k/v biases, q/k RMSNorm, sliding windows); GptJ also covers
+/// CodeGen (the same block; only the checkpoint's fused qkv_proj layout differs).
+enum class Architecture { Opt, Llama, Gpt2, GptNeo, GptJ, GptNeox, Bloom };
 
 /// LLaMA rotary scaling (HF `rope_scaling` / `rope_parameters`). Types: default, linear,
 /// dynamic (NTK), llama3.
@@ -24,7 +27,8 @@ struct RopeScaling {
 
 struct ModelConfig {
   Architecture architecture = Architecture::Opt;
-  std::string model_type = "opt";  // "opt" | "llama"
+  std::string model_type = "opt";  // config.json's model_type: opt, llama, mistral, qwen2, qwen3, gpt2,
+                                   // gpt_neo, gptj, codegen, gpt_neox, bloom
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
@@ -52,12 +56,34 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  bool attention_bias = false;
+  bool attention_bias = false;  // bias on q/k/v (and on the output projection unless
+  bool attention_output_bias = false;  // ... this says otherwise: Qwen2 has q/k/v biases only)
   bool mlp_bias = false;
+  bool qk_norm = false;  // Qwen3: RMSNorm over each head of q and k before rotary
+
+  // Sliding-window attention (Mistral, Qwen2/3 layer_types, GPT-Neo's "local" layers): a query
+  // attends to the `sliding_window` most recent keys (itself included). sliding_layers[i] says
+  // whether layer i is windowed; empty = no windowed layer.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+
+  // GPT-2, GPT-Neo, GPT-J, CodeGen, GPT-NeoX, BLOOM (LayerNorm decoders)
+  double layer_norm_eps = 1e-5;
+  int64_t rotary_dim = 0;         // rotary on the first rotary_dim dims of each head; 0 = head_dim
+  bool parallel_residual = false; // x + attn(ln(x)) + mlp(ln'(x)) (GPT-J/CodeGen: one shared LayerNorm)
+  bool scale_attention = true;    // GPT-Neo: q.k is not divided by sqrt(head_dim)
+  bool lm_head_bias = false;      // GPT-J, CodeGen
+  bool residual_post_layernorm = false;  // BLOOM's apply_residual_connection_post_layernorm
 
   /// Width of the backbone's output: word_embed_proj_dim for OPT, hidden_size otherwise. The
   /// value head of reward and critic models reads this many features.
   int64_t output_dim() const;
+  /// The dims of each head that rotary embeddings rotate (rotary_dim, or head_dim).
+  int64_t rotary_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  /// Whether layer `layer` uses sliding-window attention.
+  bool is_sliding_layer(int64_t layer) const {
+    return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer];
+  }
 };
 
 /// Parses config.json text; `where` (the file path) prefixes every error. Throws
@@ -66,6 +92,9 @@ struct ModelConfig {
 /// model_type or rope type (listing the supported ones).
 ModelConfig parse_model_config(const std::string& json_text, const std::string& where);
 
+/// "opt, llama, mistral, ...": the model_type values parse_model_config reads.
+std::string supported_model_types();
+
 /// Reads `<dir>/config.json`.
 ModelConfig load_model_config(const std::string& model_dir);
 
@@ -73,7 +102,9 @@ ModelConfig load_model_config(const std::string& model_dir);
 std::string model_config_to_json(const ModelConfig& config);
 
 /// Architecture presets for `--init random`: "opt-125m" ... "opt-175b", "llama-2-7b", "llama-2-13b",
-/// "llama-2-70b" (also accepted with an org prefix: "facebook/opt-1.3b", "meta-llama/Llama-2-7b-hf").
+/// "llama-2-70b", and the published shapes of GPT-2, Pythia (GPT-NeoX), BLOOM, Qwen2.5, Qwen3 and
+/// Mistral (model_preset_names lists them; an org prefix is accepted: "facebook/opt-1.3b",
+/// "meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-0.5B").
 std::optional<ModelConfig> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

@@ -26,7 +26,9 @@ struct ExportOptions {
   /// false: keep the "*.lora_right_weight" / "*.lora_left_weight" tensors unfused.
   bool fuse_lora = true;
   /// When set: config.json, generation_config.json and the tokenizer files found there are
-  /// copied next to the weights.
+  /// copied next to the weights, and the tensors are written in the layout of that config's
+  /// family (models::to_hf_layout: GPT-2's fused c_attn, GPT-NeoX's query_key_value, ...).
+  /// Unset, they keep dschat's module names, which are the HF names for OPT and the LLaMA family.
   std::filesystem::path model_dir;
   int64_t max_shard_bytes = int64_t{5} << 30;
 };

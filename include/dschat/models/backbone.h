@@ -1,7 +1,9 @@
 #pragma once
-// A decoder backbone: the Hugging Face "base model" (OPTModel, LlamaModel) from token ids to the
-// final hidden states. CausalLM adds the LM head; ValueHeadModel adds a scalar head. Each
-// architecture is one file (opt.cpp, llama.cpp) registered in make_backbone.
+// A decoder backbone: the Hugging Face "base model" (OPTModel, LlamaModel, GPT2Model, ...) from
+// token ids to the final hidden states. CausalLM adds the LM head; ValueHeadModel adds a scalar
+// head. OPT (opt.cpp) and the LLaMA family (llama.cpp: LLaMA, Mistral, Qwen2, Qwen3) have their
+// own decoder layers; GPT-2, GPT-Neo, GPT-J, CodeGen, GPT-NeoX and BLOOM share gpt_block.cpp's
+// LayerNorm block with per-family switches and names. make_backbone picks by architecture.
 
 #include <torch/torch.h>
 

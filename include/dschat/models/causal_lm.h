@@ -1,7 +1,9 @@
 #pragma once
 // A causal language model: backbone + LM head (tied to the token embedding when the config says
-// so). Parameter names equal the HF *ForCausalLM state dict ("model.decoder.layers.0...",
-// "lm_head.weight"), so checkpoints bind by name. The model keeps no runtime state.
+// so; with a bias for GPT-J and CodeGen). Parameter names are "model.<backbone>" and
+// "lm_head.*": the HF *ForCausalLM names for OPT and the LLaMA family, and for the other families
+// the mapping of dschat/models/hf_layout.h, which load_weights and state_dict apply. The model
+// keeps no runtime state.
 //   CausalLM lm(core::load_model_config(dir));
 //   lm->load_weights(io::load_state_dict(dir), dir);
 //   torch::Tensor logits = lm->forward(ids, mask);  // [B, T, V]
@@ -35,11 +37,13 @@ class CausalLMImpl : public torch::nn::Module {
   /// hidden: [..., E] -> logits [..., V]
   torch::Tensor lm_logits(const torch::Tensor& hidden);
 
-  /// Binds HF checkpoint tensors (also accepts names without the "model." prefix, as old OPT
-  /// checkpoints have; a tied "lm_head.weight" is ignored). `source` names the checkpoint in errors.
+  /// Binds HF checkpoint tensors in the family's layout (models::from_hf_layout: any base-model
+  /// prefix or none, as old OPT checkpoints have; a tied "lm_head.weight" is ignored). `source`
+  /// names the checkpoint in errors.
   /// `deferred`: see WeightBinding::deferred.
   void load_weights(const NamedTensors& weights, const std::string& source, NamedTensors* deferred = nullptr);
-  /// The HF state dict (tied lm_head omitted, as transformers saves it).
+  /// The HF state dict in the family's layout (tied lm_head omitted, as transformers saves it);
+  /// models::named_weights gives the module names.
   NamedTensors state_dict() const;
 
   const core::ModelConfig& config() const { return backbone_->config(); }
@@ -51,10 +55,6 @@ class CausalLMImpl : public torch::nn::Module {
   nn::Linear lm_head_{nullptr};         // [V, E]; absent when tied
 };
 TORCH_MODULE(CausalLM);
-
-/// Strips/adds the base-model prefix so that "decoder.x" / "layers.x" / "rwtransformer.x" keys
-/// all bind as "<prefix>x".
-NamedTensors rebase_backbone_names(const NamedTensors& weights, const std::string& prefix);
 
 }  // namespace models
 }  // namespace dschat

@@ -55,8 +55,9 @@ void save_causal_lm(CausalLM& model, const std::filesystem::path& dir,
 void save_value_model(ValueHeadModel& model, const std::filesystem::path& dir,
                       int64_t max_shard_bytes = int64_t{5} << 30);
 
-/// Writes `state` (HF names) with `config` into `dir`: weights first, config.json last, so a
-/// directory with a config.json always holds complete weights.
+/// Writes `state` (module names: a CausalLM's or ValueHeadModel's parameter names) with `config`
+/// into `dir` in the family's HF layout (models::to_hf_layout): weights first, config.json last, so
+/// a directory with a config.json always holds complete weights.
 void save_model_tensors(const NamedTensors& state, const core::ModelConfig& config,
                         const std::filesystem::path& dir, int64_t max_shard_bytes = int64_t{5} << 30);
 

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "dschat/ops/bias_activation.h"
+
 namespace dschat {
 namespace nn {
 
@@ -15,6 +17,9 @@ enum class Activation { Relu, Gelu, GeluTanh, Silu };
 Activation parse_activation(const std::string& name);
 
 torch::Tensor apply_activation(Activation activation, const torch::Tensor& x);
+
+/// The same activation as the fused inference ops name it (ops::bias_activation's epilogue).
+ops::Activation fused_activation(Activation activation);
 
 }  // namespace nn
 }  // namespace dschat

@@ -1,7 +1,8 @@
 #pragma once
-// Multi-head self-attention with grouped-query heads, optional rotary embeddings and an external
-// KV cache. Projection names follow the checkpoint: q_proj, k_proj, v_proj and out_proj (OPT) or
-// o_proj (LLaMA).
+// Multi-head self-attention with grouped-query heads, optional rotary embeddings (on all or the
+// first rotary dims of each head), optional per-head q/k RMSNorm (Qwen3), sliding-window layers
+// and an external KV cache. Projection names: q_proj, k_proj, v_proj and the output projection
+// named as the family's checkpoint names it (out_proj, o_proj, c_proj, dense).
 //   Attention attn(AttentionOptions(768, 12).output_name("out_proj").scale_query(true));
 
 #include <torch/torch.h>
@@ -10,6 +11,7 @@
 
 #include "dschat/nn/kv_cache.h"
 #include "dschat/nn/linear.h"
+#include "dschat/nn/rms_norm.h"
 
 namespace dschat {
 namespace nn {
@@ -23,9 +25,13 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, num_heads);
   TORCH_ARG(int64_t, num_kv_heads);
   TORCH_ARG(int64_t, head_dim);
-  TORCH_ARG(bool, bias) = true;                      // bias on all four projections
+  TORCH_ARG(bool, bias) = true;                      // bias on q_proj, k_proj, v_proj
+  TORCH_ARG(bool, output_bias) = true;               // bias on the output projection
   TORCH_ARG(std::string, output_name) = "out_proj";  // "o_proj" for LLaMA
   TORCH_ARG(bool, scale_query) = false;              // OPT scales q after projection, before q.k
+  TORCH_ARG(bool, scaled) = true;                    // false: q.k is not scaled at all (GPT-Neo)
+  TORCH_ARG(double, qk_norm_eps) = 0.0;              // > 0: q_norm, k_norm RMSNorm per head (Qwen3)
+  TORCH_ARG(bool, sliding_window) = false;           // this layer masks with AttentionInputs::window_bias
   TORCH_ARG(double, dropout) = 0.0;                  // on attention probabilities, training only
 };
 
@@ -53,8 +59,12 @@ struct AttentionInputs {
   torch::Tensor bias;      // [B, 1, T, S] additive mask (0 or dtype-min), S = cached + T; undefined
                            // on the unpadded/right-padded paths (then `is_causal` or full attention)
   bool is_causal = false;  // T == S without padding (or right padding): SDPA's causal fast path
-  torch::Tensor cos;       // [B, T, D] rotary, or undefined (OPT)
-  torch::Tensor sin;       // [B, T, D]
+  torch::Tensor cos;       // [B, T, R] rotary (R <= D: the first R dims of a head), or undefined
+  torch::Tensor sin;       // [B, T, R]
+  torch::Tensor window_bias;  // [B, 1, T, S] the sliding-window layers' mask, defined only when
+                              // the window is shorter than S (else they mask as every layer does)
+  bool bias_carries_scores = false;  // `bias` adds more than a mask (ALiBi, [B, H, T, S]): it is
+                                     // always applied, never replaced by the decode-attention op
   torch::Tensor attention_mask;  // [B, S] int64 key mask (1 = real) on the explicit-mask path,
                                  // else undefined; read by the decode-attention op
   TensorParallelGroup* tensor_parallel = nullptr;  // set on a tensor-parallel shard (generation
@@ -66,8 +76,9 @@ struct AttentionInputs {
 /// (T == S), no mask (T == 1) or a causal bias; for kRightPadded without cached tokens (T == S)
 /// the causal path; otherwise the explicit bias plus the key mask itself (int64), which the
 /// decode-attention op reads. Never reads the mask on the host.
+/// With `window` > 0 and S > window, window_bias is also set (sliding_window_bias).
 AttentionInputs attention_masking(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype,
-                                  MaskLayout layout);
+                                  MaskLayout layout, int64_t window = 0);
 
 /// kUnpadded when every entry of attention_mask [B, S] is 1, else kLeftPadded (the explicit mask).
 /// Reads the mask on the host (a device sync: callers mark it with core::HostSync); while a CUDA
@@ -77,6 +88,13 @@ MaskLayout detect_mask_layout(const torch::Tensor& attention_mask);
 /// attention_mask: [B, S] (1 = real token) -> additive bias [B, 1, T, S] in `dtype` that also
 /// enforces causality for the last T positions. Fully masked rows (left padding) stay finite.
 torch::Tensor causal_attention_bias(const torch::Tensor& attention_mask, int64_t new_tokens, torch::ScalarType dtype);
+
+/// As causal_attention_bias, and a query at position p (cumsum of the mask - 1, so left padding
+/// does not count) sees only keys at positions > p - window: transformers' sliding window
+/// (q - k < window), which it measures in the padded frame; for rows whose real tokens are
+/// contiguous both give the same mask at every real token.
+torch::Tensor sliding_window_bias(const torch::Tensor& attention_mask, int64_t new_tokens, int64_t window,
+                                  torch::ScalarType dtype);
 
 /// Position ids from the mask, so left padding does not shift positions: [B, S] -> [B, T]
 /// (the last T columns of cumsum(mask) - 1; padded slots get `pad_position`).
@@ -109,6 +127,7 @@ class AttentionImpl : public torch::nn::Module {
 
   AttentionOptions options;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  // [head_dim] each, with qk_norm_eps > 0 only
 };
 TORCH_MODULE(Attention);
 
