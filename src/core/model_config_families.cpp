@@ -17,19 +17,25 @@ void read_dropouts(JsonObject& root, ModelConfig& c, const char* residual, const
   check_range(root, attention, c.attention_dropout, 0.0, 1.0);
 }
 
-// GPT-2: learned positions, Conv1D projections (stored transposed), fused c_attn.
-void parse_gpt2(JsonObject& root, ModelConfig& c, SizeKeys& keys) {
+// The keys GPT-2, GPT-J and CodeGen share (n_embd, n_layer, ..., resid/embd/attn_pdrop).
+void read_gpt2_style(JsonObject& root, ModelConfig& c, SizeKeys& keys, Architecture architecture,
+                     int64_t positions, bool tied, double dropout) {
   keys = {"n_embd", "n_layer", "n_head", "n_inner", "n_positions"};
-  c.architecture = Architecture::Gpt2;
+  c.architecture = architecture;
   c.hidden_size = root.require<int64_t>("n_embd");
   c.num_hidden_layers = root.require<int64_t>("n_layer");
   c.num_attention_heads = root.require<int64_t>("n_head");
   c.intermediate_size = root.get<int64_t>("n_inner", 4 * c.hidden_size);
-  c.max_position_embeddings = root.get<int64_t>("n_positions", 1024);
+  c.max_position_embeddings = root.get<int64_t>("n_positions", positions);
   c.activation = root.get<std::string>("activation_function", "gelu_new");
   c.layer_norm_eps = root.get<double>("layer_norm_epsilon", 1e-5);
-  c.tie_word_embeddings = root.get<bool>("tie_word_embeddings", true);
-  read_dropouts(root, c, "resid_pdrop", "embd_pdrop", "attn_pdrop", 0.1);
+  c.tie_word_embeddings = root.get<bool>("tie_word_embeddings", tied);
+  read_dropouts(root, c, "resid_pdrop", "embd_pdrop", "attn_pdrop", dropout);
+}
+
+// GPT-2: learned positions, Conv1D projections (stored transposed), fused c_attn.
+void parse_gpt2(JsonObject& root, ModelConfig& c, SizeKeys& keys) {
+  read_gpt2_style(root, c, keys, Architecture::Gpt2, 1024, true, 0.1);
   c.scale_attention = root.get<bool>("scale_attn_weights", true);
   c.attention_bias = c.attention_output_bias = true;
   DSCHAT_CHECK(!root.get<bool>("scale_attn_by_inverse_layer_idx", false), Unsupported,
@@ -84,17 +90,7 @@ void parse_gpt_neo(JsonObject& root, ModelConfig& c, SizeKeys& keys) {
 // GPT-J and CodeGen: parallel attention + MLP over one LayerNorm, interleaved partial rotary,
 // LM head with a bias. CodeGen differs only in its fused qkv_proj (models/gptj.cpp).
 void parse_gptj(JsonObject& root, ModelConfig& c, SizeKeys& keys) {
-  keys = {"n_embd", "n_layer", "n_head", "n_inner", "n_positions"};
-  c.architecture = Architecture::GptJ;
-  c.hidden_size = root.require<int64_t>("n_embd");
-  c.num_hidden_layers = root.require<int64_t>("n_layer");
-  c.num_attention_heads = root.require<int64_t>("n_head");
-  c.intermediate_size = root.get<int64_t>("n_inner", 4 * c.hidden_size);
-  c.max_position_embeddings = root.get<int64_t>("n_positions", 2048);
-  c.activation = root.get<std::string>("activation_function", "gelu_new");
-  c.layer_norm_eps = root.get<double>("layer_norm_epsilon", 1e-5);
-  c.tie_word_embeddings = root.get<bool>("tie_word_embeddings", false);
-  read_dropouts(root, c, "resid_pdrop", "embd_pdrop", "attn_pdrop", 0.0);
+  read_gpt2_style(root, c, keys, Architecture::GptJ, 2048, false, 0.0);
   c.rotary_dim = root.get<int64_t>("rotary_dim", 0);
   c.parallel_residual = true;
   c.lm_head_bias = true;

@@ -11,6 +11,7 @@
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/models/families.h"
+#include "dschat/models/hf_layout.h"
 #include "dschat/models/load_save.h"
 #include "dschat/nn/lora.h"
 #include "model_fixtures.h"
@@ -59,8 +60,20 @@ TEST_P(FamilyPaths, LoraOnDeepSpeedChatModuleNamesLeavesTheModelAndFusesBack) {
   const int64_t per_layer = model->config().architecture == core::Architecture::Llama ? 7 : 6;
   EXPECT_EQ(nn::convert_linear_layers_to_lora(*model, lora), per_layer * model->config().num_hidden_layers);
   EXPECT_LT(testing::max_abs_diff(model->forward(token_batch(0)), before), 1e-6);  // left weights start at 0
-  nn::fuse_lora(*model);
-  for (const auto& [name, tensor] : model->state_dict()) EXPECT_FALSE(nn::is_lora_parameter(name)) << name;
+  // Trained adapters fused as a step saves them (engine::fuse_lora_adapters), then written in the
+  // family's layout: no adapter tensor is left, and the model equals the unfused one.
+  for (const auto& item : model->named_parameters()) {
+    if (item.key().find("lora_left_weight") != std::string::npos) item.value().normal_(0.0, 0.1);
+  }
+  torch::Tensor with_adapters = model->forward(token_batch(0));  // [B, T, V]
+  std::map<std::string, torch::Tensor> params = models::named_weights(*model);
+  for (auto& [name, tensor] : params) tensor = tensor.clone();
+  engine::fuse_lora_adapters(params, engine::lora_scales(*model), "test");
+  const models::NamedTensors hf = models::to_hf_layout(model->config(), params);
+  for (const auto& [name, tensor] : hf) EXPECT_FALSE(nn::is_lora_parameter(name)) << name;
+  auto plain = models::load_causal_lm(dir());
+  plain->load_weights(hf, "fused");
+  EXPECT_LT(testing::max_abs_diff(plain->forward(token_batch(0)), with_adapters), 1e-5);
 }
 
 TEST_P(FamilyPaths, ZeroStage3MatchesStage0AndExportsTheFamilyLayout) {
