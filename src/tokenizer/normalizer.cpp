@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "dschat/core/error.h"
+#include "tokenizer/lowercase.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/split.h"
 #include "tokenizer/unicode.h"
 
 namespace dschat {
@@ -42,6 +45,36 @@ class ReplaceNormalizer : public Normalizer {
 
  private:
   std::string pattern_, content_;
+};
+
+// Replace with a {"Regex": ...} pattern: every match (empty ones too) becomes `content`.
+class ReplaceRegexNormalizer : public Normalizer {
+ public:
+  ReplaceRegexNormalizer(Regex regex, std::string content) : regex_(std::move(regex)), content_(std::move(content)) {}
+  void normalize(std::string& text) const override {
+    thread_local std::vector<PatternPart> parts;
+    parts.clear();
+    regex_parts(regex_, text, parts);
+    std::string out;
+    out.reserve(text.size());
+    for (const PatternPart& part : parts) {
+      if (part.is_match) {
+        out += content_;
+      } else {
+        out.append(text, part.begin, part.end - part.begin);
+      }
+    }
+    text = std::move(out);
+  }
+
+ private:
+  Regex regex_;
+  std::string content_;
+};
+
+class LowercaseNormalizer : public Normalizer {
+ public:
+  void normalize(std::string& text) const override { lowercase_utf8(text); }
 };
 
 class StripNormalizer : public Normalizer {
@@ -136,14 +169,22 @@ std::unique_ptr<Normalizer> make_normalizer(const JsonSpec& spec) {
     return std::make_unique<SequenceNormalizer>(std::move(parts));
   }
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(spec.string("prepend"));
-  if (type == "Replace") return std::make_unique<ReplaceNormalizer>(replace_pattern(spec), spec.string("content"));
+  if (type == "Replace") {
+    JsonSpec pattern(spec.object("pattern"), spec.where() + ".pattern");
+    if (pattern.has("Regex")) {
+      return std::make_unique<ReplaceRegexNormalizer>(Regex(pattern.string("Regex"), pattern.where()),
+                                                      spec.string("content"));
+    }
+    return std::make_unique<ReplaceNormalizer>(replace_pattern(spec), spec.string("content"));
+  }
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Strip") {
     return std::make_unique<StripNormalizer>(spec.boolean_or("strip_left", false), spec.boolean_or("strip_right", false));
   }
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     return std::make_unique<UnicodeNormalizer>(icu_normalizer(type, spec.where()), spec.where());
   }
-  spec.unsupported("normalizer type '" + type + "'", "Sequence, Prepend, Replace, Strip, NFC, NFD, NFKC, NFKD");
+  spec.unsupported("normalizer type '" + type + "'", "Sequence, Prepend, Replace, Lowercase, Strip, NFC, NFD, NFKC, NFKD");
 }
 
 }  // namespace tokenizer

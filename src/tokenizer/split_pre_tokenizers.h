@@ -1,0 +1,23 @@
+#pragma once
+// Pre-tokenizers that cut pieces with a pattern: Split (a regex or a literal string, any
+// SplitDelimiterBehavior, optionally inverted), Digits and WhitespaceSplit.
+
+#include <memory>
+
+#include "tokenizer/json_spec.h"
+#include "tokenizer/pre_tokenizer.h"
+
+namespace dschat {
+namespace tokenizer {
+
+/// {"type": "Split", "pattern": {"Regex": ...} or {"String": ...}, "behavior": ..., "invert": ...}
+std::unique_ptr<PreTokenizer> make_split_pre_tokenizer(const JsonSpec& spec);
+
+/// {"type": "Digits", "individual_digits": ...}: numbers (\p{N}) isolated one by one, or in runs.
+std::unique_ptr<PreTokenizer> make_digits_pre_tokenizer(const JsonSpec& spec);
+
+/// {"type": "WhitespaceSplit"}: the runs between White_Space characters.
+std::unique_ptr<PreTokenizer> make_whitespace_split_pre_tokenizer();
+
+}  // namespace tokenizer
+}  // namespace dschat
