@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dschat/core/error.h"
@@ -21,6 +22,56 @@ bool is_numeric(char32_t cp) {
 
 // Rust's char::is_whitespace: Unicode White_Space, the same 25 code points in every version.
 bool is_whitespace(char32_t cp) { return char_class(cp) & kSpace; }
+
+// The marks Unicode 16.0 added, which the Rust regex crate's \w (Unicode 16.0) contains and the
+// kWord class (ICU 72 plus newer letters and numbers) lacks. Found by pre-tokenizing every code
+// point with `tokenizers`' Whitespace (tests/tokenizer/make_family_cases.py checks all of them).
+constexpr std::pair<char32_t, char32_t> kNewerWordMarks[] = {
+    {0x0897, 0x0897},   {0x10D69, 0x10D6D}, {0x10EFC, 0x10EFC}, {0x113B8, 0x113C0}, {0x113C2, 0x113C2},
+    {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D0}, {0x113D2, 0x113D2}, {0x113E1, 0x113E2},
+    {0x11F5A, 0x11F5A}, {0x1611E, 0x1612F}, {0x1E5EE, 0x1E5EF},
+};
+
+// Unicode \w as the Rust regex crate has it: Alphabetic, marks, Nd, Pc, Join_Control.
+bool is_regex_word(char32_t cp) {
+  if (char_class(cp) & kWord) return true;
+  for (auto [first, last] : kNewerWordMarks) {
+    if (cp >= first && cp <= last) return true;
+  }
+  return false;
+}
+
+// `tokenizers`' Whitespace: the matches of \w+|[^\w\s]+ (with the Rust regex crate, not
+// Oniguruma) are kept and the rest (whitespace) removed, i.e. maximal runs of word characters
+// and maximal runs of other non-space characters.
+class WhitespacePreTokenizer : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    enum Kind { kSpaceRun, kWordRun, kOtherRun };
+    std::vector<Piece> out;
+    out.reserve(pieces.size() * 4);
+    for (const Piece& piece : pieces) {
+      const std::string& text = piece.text;
+      size_t pos = 0, run_begin = 0;
+      Kind run = kSpaceRun;
+      while (pos <= text.size()) {
+        size_t begin = pos;
+        Kind kind = kSpaceRun;  // the end of the text closes the last run
+        if (pos < text.size()) {
+          char32_t cp = next_code_point(text, pos);
+          kind = is_regex_word(cp) ? kWordRun : is_whitespace(cp) ? kSpaceRun : kOtherRun;
+        } else {
+          ++pos;
+        }
+        if (kind == run) continue;
+        if (run != kSpaceRun) out.push_back(Piece{text.substr(run_begin, begin - run_begin), piece.first && run_begin == 0});
+        run = kind;
+        run_begin = begin;
+      }
+    }
+    pieces = std::move(out);
+  }
+};
 
 // Cuts every piece into the spans a pattern and a behavior keep. A cut piece keeps its "first"
 // mark only on the part that starts at its byte 0, as `tokenizers` looks at original offsets.
@@ -84,6 +135,8 @@ std::unique_ptr<PreTokenizer> make_digits_pre_tokenizer(const JsonSpec& spec) {
       spec.boolean_or("individual_digits", false) ? SplitBehavior::kIsolated : SplitBehavior::kContiguous;
   return std::make_unique<PatternPreTokenizer>(std::nullopt, is_numeric, behavior, false);
 }
+
+std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() { return std::make_unique<WhitespacePreTokenizer>(); }
 
 std::unique_ptr<PreTokenizer> make_whitespace_split_pre_tokenizer() {
   return std::make_unique<PatternPreTokenizer>(std::nullopt, is_whitespace, SplitBehavior::kRemoved, false);

@@ -2,11 +2,12 @@
 // (Qwen2/2.5/3, LLaMA-3, BLOOM), GPT-NeoX, and the Lowercase/Digits/regex-Replace components:
 // tests/tokenizer/make_family_cases.py builds their pipelines around GPT-2's vocabulary and
 // writes what `tokenizers` computes. Also: every Split behavior with and without invert, and the
-// Lowercase of every code point.
+// Lowercase and Whitespace pre-tokenization of every code point.
 
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -161,6 +162,29 @@ TEST_F(FamilyParity, LowercaseOfEveryCodePointMatchesTokenizers) {
     if (text != expected && ++mismatches <= 10) {
       ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp) << ": got " << nlohmann::json(text).dump()
                     << ", tokenizers " << nlohmann::json(expected).dump();
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+TEST_F(FamilyParity, WhitespaceOfEveryCodePointMatchesTokenizers) {
+  EXPECT_EQ(status_, 0) << output_;
+  std::ifstream in(out() / "whitespace_classes.bin", std::ios::binary);
+  std::vector<char> expected((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(expected.size(), 0x110000u);
+  auto whitespace = make_pre_tokenizer(JsonSpec(nlohmann::json{{"type", "Whitespace"}}, "test"));
+  size_t mismatches = 0;
+  std::vector<Piece> pieces;
+  for (char32_t cp = 0; cp < 0x110000; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    std::string text = "a";
+    append_utf8(cp, text);
+    pieces.assign(1, Piece{text, true});
+    whitespace->pre_tokenize(pieces);
+    char mine = pieces.size() == 1 && pieces[0].text == text ? 'w' : pieces.size() == 1 ? 's' : 'o';
+    if (mine != expected[cp] && ++mismatches <= 10) {
+      ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp) << ": dschat " << mine << ", tokenizers "
+                    << expected[cp];
     }
   }
   EXPECT_EQ(mismatches, 0u);

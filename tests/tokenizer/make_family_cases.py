@@ -16,9 +16,10 @@ normalizer, pre-tokenizer, post-processor, decoder and added-token layout of a r
           (a String pattern with MergedWithNext, an inverted Contiguous regex)
 
 It also writes DIR/split_cases.jsonl: {"pre_tokenizer" (the JSON `tokenizers` saves), "text",
-"pieces"} for every Split behavior, with and without invert, and for Digits and WhitespaceSplit;
-{"normalizer", "text", "normalized"} lines for Lowercase and regex Replace; and DIR/lowercase.tsv,
-the Lowercase of every code point that it changes ("hex<TAB>hex hex...").
+"pieces"} for every Split behavior, with and without invert, and for Digits, Whitespace and
+WhitespaceSplit; {"normalizer", "text", "normalized"} lines for Lowercase and regex Replace;
+DIR/lowercase.tsv, the Lowercase of every code point that it changes ("hex<TAB>hex hex..."); and
+DIR/whitespace_classes.bin, how Whitespace treats every code point (see whitespace_classes).
 """
 
 import argparse
@@ -150,9 +151,9 @@ def split_lines():
                 for text in SPLIT_TEXTS:
                     yield {"pre_tokenizer": spec, "text": text, "pieces": [p for p, _ in split.pre_tokenize_str(text)]}
     for other in (pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Digits(individual_digits=False),
-                  pre_tokenizers.WhitespaceSplit()):
+                  pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Whitespace()):
         spec = saved(other, "pre_tokenizer")
-        for text in SPLIT_TEXTS + ["\u00bd\u2167x\U0001D7D8\U00011DE0"]:
+        for text in SPLIT_TEXTS + ["\u00bd\u2167x\U0001D7D8\U00011DE0", "a_b\u0301c\u200d!? \u0897x..y"]:
             yield {"pre_tokenizer": spec, "text": text, "pieces": [p for p, _ in other.pre_tokenize_str(text)]}
     for normalizer in (normalizers.Lowercase(), normalizers.Replace(Regex(r"\s+"), "_"),
                        normalizers.Replace(Regex(r"x*"), "-"), normalizers.Replace(Regex(r"(?i)ab"), "")):
@@ -173,6 +174,20 @@ def lowercase_table(path):
                 f.write(f"{c:X}\t{' '.join(f'{ord(x):X}' for x in low)}\n")
 
 
+def whitespace_classes(path):
+    """One byte per code point: how Whitespace sees it after "a": w (joins the word), s (removed),
+    o (a piece of its own); surrogates are 0."""
+    ws = pre_tokenizers.Whitespace()
+    table = bytearray(0x110000)
+    for c in range(0x110000):
+        if 0xD800 <= c <= 0xDFFF:
+            continue
+        pieces = [p for p, _ in ws.pre_tokenize_str("a" + chr(c))]
+        table[c] = ord("w") if pieces == ["a" + chr(c)] else ord("s") if pieces == ["a"] else ord("o")
+    with open(path, "wb") as f:
+        f.write(bytes(table))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpt2", required=True, help="directory with GPT-2's vocab.json and merges.txt")
@@ -187,6 +202,7 @@ def main():
         for line in split_lines():
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
     lowercase_table(os.path.join(args.out, "lowercase.tsv"))
+    whitespace_classes(os.path.join(args.out, "whitespace_classes.bin"))
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 

@@ -207,8 +207,8 @@ TEST(TokenizerFiles, UnsupportedComponentsNameFileAndType) {
       "decoder.pattern: unsupported Regex pattern");
   expect_load_error_with_tokenizer_json(R"("dropout": null)", R"("dropout": 0.1)", "dropout");
   expect_load_error_with_tokenizer_json(R"("pre_tokenizer": {"type": "ByteLevel")",
-                                        R"("pre_tokenizer": {"type": "Whitespace")",
-                                        "pre_tokenizer: unsupported pre_tokenizer type 'Whitespace'");
+                                        R"("pre_tokenizer": {"type": "BertPreTokenizer")",
+                                        "pre_tokenizer: unsupported pre_tokenizer type 'BertPreTokenizer'");
   expect_load_error_with_tokenizer_json(
       R"("pre_tokenizer": {"type": "ByteLevel")",
       R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Punctuation", "behavior": "Isolated"}]}, "x": {"type": "ByteLevel")",
