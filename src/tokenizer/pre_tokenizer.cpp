@@ -145,10 +145,11 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonSpec& spec) {
   }
   if (type == "Split") return make_split_pre_tokenizer(spec);
   if (type == "Digits") return make_digits_pre_tokenizer(spec);
+  if (type == "Punctuation") return make_punctuation_pre_tokenizer(spec);
   if (type == "Whitespace") return make_whitespace_pre_tokenizer();
   if (type == "WhitespaceSplit") return make_whitespace_split_pre_tokenizer();
   spec.unsupported("pre_tokenizer type '" + type + "'",
-                   "ByteLevel, Metaspace, Split, Digits, Whitespace, WhitespaceSplit, Sequence");
+                   "ByteLevel, Metaspace, Split, Digits, Punctuation, Whitespace, WhitespaceSplit, Sequence");
 }
 
 }  // namespace tokenizer

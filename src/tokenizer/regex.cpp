@@ -125,7 +125,8 @@ Regex::Regex(const std::string& pattern, std::string where) : pattern_(pattern),
                         ONIG_SYNTAX_DEFAULT, &info);
   if (status != ONIG_NORMAL) {
     regex_ = nullptr;
-    DSCHAT_THROW(Unsupported, where_, ": Oniguruma cannot compile regex '", pattern, "': ", onig_message(status, &info));
+    DSCHAT_THROW(Unsupported, where_, ": Oniguruma cannot compile regex '", pattern, "': ",
+                 onig_message(status, &info));
   }
 }
 

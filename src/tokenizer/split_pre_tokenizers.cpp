@@ -1,5 +1,7 @@
 #include "tokenizer/split_pre_tokenizers.h"
 
+#include <unicode/uchar.h>
+
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,6 +24,21 @@ bool is_numeric(char32_t cp) {
 
 // Rust's char::is_whitespace: Unicode White_Space, the same 25 code points in every version.
 bool is_whitespace(char32_t cp) { return char_class(cp) & kSpace; }
+
+// `tokenizers`' Punctuation: char::is_ascii_punctuation (which counts $+<=>^`|~ too) or the
+// unicode_categories crate's is_punctuation, whose tables are Unicode 8.0's: general category P
+// for code points Unicode 8.0 had (ICU's age), plus U+166D and U+111C9, which were P in 8.0 and
+// are symbols now. Checked against `tokenizers` on every code point.
+bool is_punctuation(char32_t cp) {
+  if (cp < 0x80) return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+                        (cp >= 0x7B && cp <= 0x7E);
+  if (cp == 0x166D || cp == 0x111C9) return true;
+  auto c = static_cast<UChar32>(cp);
+  if (!(U_GET_GC_MASK(c) & U_GC_P_MASK)) return false;
+  UVersionInfo age;
+  u_charAge(c, age);
+  return age[0] < 8 || (age[0] == 8 && age[1] == 0);
+}
 
 // The marks Unicode 16.0 added, which the Rust regex crate's \w (Unicode 16.0) contains and the
 // kWord class (ICU 72 plus newer letters and numbers) lacks. Found by pre-tokenizing every code
@@ -64,7 +81,9 @@ class WhitespacePreTokenizer : public PreTokenizer {
           ++pos;
         }
         if (kind == run) continue;
-        if (run != kSpaceRun) out.push_back(Piece{text.substr(run_begin, begin - run_begin), piece.first && run_begin == 0});
+        if (run != kSpaceRun) {
+          out.push_back(Piece{text.substr(run_begin, begin - run_begin), piece.first && run_begin == 0});
+        }
         run = kind;
         run_begin = begin;
       }
@@ -134,6 +153,11 @@ std::unique_ptr<PreTokenizer> make_digits_pre_tokenizer(const JsonSpec& spec) {
   SplitBehavior behavior =
       spec.boolean_or("individual_digits", false) ? SplitBehavior::kIsolated : SplitBehavior::kContiguous;
   return std::make_unique<PatternPreTokenizer>(std::nullopt, is_numeric, behavior, false);
+}
+
+std::unique_ptr<PreTokenizer> make_punctuation_pre_tokenizer(const JsonSpec& spec) {
+  SplitBehavior behavior = spec.has("behavior") ? parse_split_behavior(spec) : SplitBehavior::kIsolated;
+  return std::make_unique<PatternPreTokenizer>(std::nullopt, is_punctuation, behavior, false);
 }
 
 std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() { return std::make_unique<WhitespacePreTokenizer>(); }

@@ -42,6 +42,9 @@ uint8_t compute_class(char32_t cp) {
       u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL)) {
     bits |= kWord;
   }
+  UVersionInfo age;
+  u_charAge(c, age);
+  if (age[0] > 11 || (age[0] == 11 && age[1] > 0)) bits |= kAfterUnicode11;
   return bits;
 }
 

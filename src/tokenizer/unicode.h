@@ -22,6 +22,8 @@ enum CharClass : uint8_t {
   kNumber = 2,
   kSpace = 4,
   kWord = 8,
+  // Assigned after Unicode 11.0, the version of `tokenizers`' normalization tables (NFC, NFKC...)
+  kAfterUnicode11 = 16,
 };
 
 /// The CharClass bits of code point `cp` (0 for values above U+10FFFF).

@@ -1,13 +1,14 @@
 // Parity with Hugging Face `tokenizers` for the families whose tokenizer.json splits with a regex
-// (Qwen2/2.5/3, LLaMA-3, BLOOM), GPT-NeoX, and the Lowercase/Digits/regex-Replace components:
-// tests/tokenizer/make_family_cases.py builds their pipelines around GPT-2's vocabulary and
+// (Qwen2/2.5/3, LLaMA-3, BLOOM), GPT-NeoX, Falcon, and the Lowercase, Digits and regex Replace
+// components: tests/tokenizer/make_family_cases.py builds their pipelines around GPT-2's vocabulary and
 // writes what `tokenizers` computes. Also: every Split behavior with and without invert, and the
-// Lowercase and Whitespace pre-tokenization of every code point.
+// Lowercase, NFC/NFD/NFKC/NFKD, Whitespace and Punctuation of every code point.
 
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -91,6 +92,8 @@ TEST_F(FamilyParity, BloomSplitRegexMatchesTokenizers) { parity::check_set(set("
 
 TEST_F(FamilyParity, GptNeoxNfcByteLevelMatchesTokenizers) { parity::check_set(set("neox"), 1900); }
 
+TEST_F(FamilyParity, FalconPunctuationDigitsMatchTokenizers) { parity::check_set(set("falcon"), 1900); }
+
 TEST_F(FamilyParity, LowercaseDigitsAndSplitVariantsMatchTokenizers) { parity::check_set(set("mixed"), 1900); }
 
 TEST_F(FamilyParity, Llama3AndBloomDecodeRoundTrips) {
@@ -167,12 +170,48 @@ TEST_F(FamilyParity, LowercaseOfEveryCodePointMatchesTokenizers) {
   EXPECT_EQ(mismatches, 0u);
 }
 
-TEST_F(FamilyParity, WhitespaceOfEveryCodePointMatchesTokenizers) {
+TEST_F(FamilyParity, UnicodeFormsOfEveryCodePointMatchTokenizers) {
   EXPECT_EQ(status_, 0) << output_;
-  std::ifstream in(out() / "whitespace_classes.bin", std::ios::binary);
+  // normalized.tsv: "FORM<TAB>hex<TAB>hex hex..." for each code point a form changes.
+  std::map<std::string, std::unordered_map<char32_t, std::string>> changed;
+  std::ifstream in(out() / "normalized.tsv");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string form, from, hex, normalized;
+    fields >> form >> from;
+    while (fields >> hex) append_utf8(static_cast<char32_t>(std::stoul(hex, nullptr, 16)), normalized);
+    changed[form][static_cast<char32_t>(std::stoul(from, nullptr, 16))] = normalized;
+  }
+  ASSERT_EQ(changed.size(), 4u);
+  for (const auto& [form, table] : changed) {
+    auto normalizer = make_normalizer(JsonSpec(nlohmann::json{{"type", form}}, "test"));
+    size_t mismatches = 0;
+    for (char32_t cp = 1; cp < 0x110000; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      std::string text;
+      append_utf8(cp, text);
+      auto it = table.find(cp);
+      std::string expected = it == table.end() ? text : it->second;
+      normalizer->normalize(text);
+      if (text != expected && ++mismatches <= 5) {
+        ADD_FAILURE() << form << " of U+" << std::hex << static_cast<uint32_t>(cp) << ": got "
+                      << nlohmann::json(text).dump() << ", tokenizers " << nlohmann::json(expected).dump();
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << form;
+  }
+}
+
+TEST_F(FamilyParity, WhitespaceAndPunctuationOfEveryCodePointMatchTokenizers) {
+  EXPECT_EQ(status_, 0) << output_;
+  // Two bytes per code point c: Whitespace on "a" + c gives w (one word), s (c removed) or o
+  // (c apart); Punctuation gives p (c isolated) or n.
+  std::ifstream in(out() / "pre_tokenizer_classes.bin", std::ios::binary);
   std::vector<char> expected((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_EQ(expected.size(), 0x110000u);
+  ASSERT_EQ(expected.size(), 2 * 0x110000u);
   auto whitespace = make_pre_tokenizer(JsonSpec(nlohmann::json{{"type", "Whitespace"}}, "test"));
+  auto punctuation = make_pre_tokenizer(JsonSpec(nlohmann::json{{"type", "Punctuation"}, {"behavior", "Isolated"}}, "test"));
   size_t mismatches = 0;
   std::vector<Piece> pieces;
   for (char32_t cp = 0; cp < 0x110000; ++cp) {
@@ -181,10 +220,13 @@ TEST_F(FamilyParity, WhitespaceOfEveryCodePointMatchesTokenizers) {
     append_utf8(cp, text);
     pieces.assign(1, Piece{text, true});
     whitespace->pre_tokenize(pieces);
-    char mine = pieces.size() == 1 && pieces[0].text == text ? 'w' : pieces.size() == 1 ? 's' : 'o';
-    if (mine != expected[cp] && ++mismatches <= 10) {
-      ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp) << ": dschat " << mine << ", tokenizers "
-                    << expected[cp];
+    char word = pieces.size() == 1 && pieces[0].text == text ? 'w' : pieces.size() == 1 ? 's' : 'o';
+    pieces.assign(1, Piece{text, true});
+    punctuation->pre_tokenize(pieces);
+    char punct = pieces.size() == 2 ? 'p' : 'n';
+    if ((word != expected[2 * cp] || punct != expected[2 * cp + 1]) && ++mismatches <= 10) {
+      ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp) << ": dschat " << word << punct << ", tokenizers "
+                    << expected[2 * cp] << expected[2 * cp + 1];
     }
   }
   EXPECT_EQ(mismatches, 0u);

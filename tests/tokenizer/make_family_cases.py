@@ -12,14 +12,16 @@ normalizer, pre-tokenizer, post-processor, decoder and added-token layout of a r
           ByteLevel + TemplateProcessing(<|begin_of_text|> $A)
   bloom   BLOOM: Split(" ?[^(\\s|[.,!?...])]+") + ByteLevel(use_regex=false)
   neox    GPT-NeoX/Pythia: NFC + ByteLevel (GPT-2 regex), added tokens for runs of spaces
+  falcon  Falcon: Punctuation(Contiguous) + ByteLevel + Digits + Split("[0-9][0-9][0-9]")
   mixed   the other components: NFKC, Lowercase, a regex Replace, Digits, and Split variants
           (a String pattern with MergedWithNext, an inverted Contiguous regex)
 
 It also writes DIR/split_cases.jsonl: {"pre_tokenizer" (the JSON `tokenizers` saves), "text",
-"pieces"} for every Split behavior, with and without invert, and for Digits, Whitespace and
-WhitespaceSplit; {"normalizer", "text", "normalized"} lines for Lowercase and regex Replace;
-DIR/lowercase.tsv, the Lowercase of every code point that it changes ("hex<TAB>hex hex..."); and
-DIR/whitespace_classes.bin, how Whitespace treats every code point (see whitespace_classes).
+"pieces"} for every Split behavior, with and without invert, and for Digits, Punctuation,
+Whitespace and WhitespaceSplit; {"normalizer", "text", "normalized"} lines for Lowercase, NFC/NFD/NFKC/NFKD and regex
+Replace; DIR/lowercase.tsv, the Lowercase of every code point that it changes ("hex<TAB>hex
+hex..."); DIR/pre_tokenizer_classes.bin, how Whitespace and Punctuation treat every code point
+(see pre_tokenizer_classes); and DIR/normalized.tsv, each code point NFC/NFD/NFKC/NFKD change.
 """
 
 import argparse
@@ -99,6 +101,17 @@ def family(args, name):
                                 AddedToken("<|padding|>", special=True, normalized=False)])
         # gpt-neox-20b's runs of 24 down to 2 spaces: normalized, not special
         tok.add_tokens([AddedToken(" " * n, normalized=True) for n in range(24, 1, -1)])
+    elif name == "falcon":
+        tok = byte_level_bpe(args)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Punctuation(behavior="contiguous"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+            pre_tokenizers.Digits(individual_digits=False),
+            pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated", invert=False)])
+        tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t in (">>TITLE<<", ">>ABSTRACT<<", ENDOFTEXT)])
     else:  # mixed
         tok = byte_level_bpe(args)
         tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(),
@@ -114,7 +127,7 @@ def family(args, name):
 
 
 def family_sets(args, rng, manifest):
-    for name in ("qwen2", "llama3", "bloom", "neox", "mixed"):
+    for name in ("qwen2", "llama3", "bloom", "neox", "falcon", "mixed"):
         tok_dir = os.path.join(args.out, name)
         os.makedirs(tok_dir)
         family(args, name).save(os.path.join(tok_dir, "tokenizer.json"))
@@ -139,6 +152,10 @@ SPLIT_PATTERNS = [Regex(r"\s+"), Regex(r"\s+(?!\S)"), Regex(r"\d*"), Regex(r"x*"
 SPLIT_TEXTS = ["", "a", "-", "hello  world ", "the-final--countdown-", "-a-", "a1b22c333", "aab ba", "  \n\t x",
                "\u00e9\u00e9--\u00fc", "ab-ba-", "I'M you're", "1234567 x", "a.b..a+b", "[x]x[x]", "axxbxc",
                "\u4e2d\u6587 \u0661\u0662\u0663\u0664", "\U0001F600 \U0001F600", "aaa", " a b "]
+# Marks and compatibility characters newer than `tokenizers`' Unicode 11.0 normalization tables,
+# next to ones it knows: they must block reordering and composition as unassigned characters do.
+NF_TEXTS = ["a\u0898\u0316", "a\u0316\u0898", "e\u0301\U00011938\u0301", "\U0001E030\u0301x\u32ff",
+            "\u1100\U00010781\u1161", "A\u030a\U0001F16C\u00c5\ufb01", "\u0915\u093c\U00011F41\u0958"]
 BEHAVIORS = ["removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"]
 
 
@@ -151,14 +168,18 @@ def split_lines():
                 for text in SPLIT_TEXTS:
                     yield {"pre_tokenizer": spec, "text": text, "pieces": [p for p, _ in split.pre_tokenize_str(text)]}
     for other in (pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Digits(individual_digits=False),
-                  pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Whitespace()):
+                  pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Whitespace(),
+                  pre_tokenizers.Punctuation(), pre_tokenizers.Punctuation(behavior="contiguous"),
+                  pre_tokenizers.Punctuation(behavior="merged_with_previous")):
         spec = saved(other, "pre_tokenizer")
-        for text in SPLIT_TEXTS + ["\u00bd\u2167x\U0001D7D8\U00011DE0", "a_b\u0301c\u200d!? \u0897x..y"]:
+        for text in SPLIT_TEXTS + ["\u00bd\u2167x\U0001D7D8\U00011DE0", "a_b\u0301c\u200d!? \u0897x..y",
+                                   "\u00bfS\u00ed?! \u00ab$1+1=2\u00bb \u3001\u166d\U00011B00 end..."]:
             yield {"pre_tokenizer": spec, "text": text, "pieces": [p for p, _ in other.pre_tokenize_str(text)]}
     for normalizer in (normalizers.Lowercase(), normalizers.Replace(Regex(r"\s+"), "_"),
-                       normalizers.Replace(Regex(r"x*"), "-"), normalizers.Replace(Regex(r"(?i)ab"), "")):
+                       normalizers.Replace(Regex(r"x*"), "-"), normalizers.Replace(Regex(r"(?i)ab"), ""),
+                       normalizers.NFC(), normalizers.NFD(), normalizers.NFKC(), normalizers.NFKD()):
         spec = saved(normalizer, "normalizer")
-        for text in SPLIT_TEXTS + ["\u03a3\u0391\u03a3 \u0130 \u1e9e \u2c6f \u0041\u030a \U00010400 \u1c89"]:
+        for text in SPLIT_TEXTS + ["\u03a3\u0391\u03a3 \u0130 \u1e9e \u2c6f \u0041\u030a \U00010400 \u1c89"] + NF_TEXTS:
             yield {"normalizer": spec, "text": text, "normalized": normalizer.normalize_str(text)}
 
 
@@ -174,16 +195,30 @@ def lowercase_table(path):
                 f.write(f"{c:X}\t{' '.join(f'{ord(x):X}' for x in low)}\n")
 
 
-def whitespace_classes(path):
-    """One byte per code point: how Whitespace sees it after "a": w (joins the word), s (removed),
-    o (a piece of its own); surrogates are 0."""
-    ws = pre_tokenizers.Whitespace()
-    table = bytearray(0x110000)
+def normalized_table(path):
+    """Each code point that NFC, NFD, NFKC or NFKD changes: "FORM<TAB>hex<TAB>hex hex..."."""
+    code_points = [c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
+    with open(path, "w") as f:
+        for form in ("NFC", "NFD", "NFKC", "NFKD"):
+            out = getattr(normalizers, form)().normalize_str("\0".join(map(chr, code_points))).split("\0")
+            assert len(out) == len(code_points)
+            for c, normalized in zip(code_points, out):
+                if normalized != chr(c):
+                    f.write(f"{form}\t{c:X}\t{' '.join(f'{ord(x):X}' for x in normalized)}\n")
+
+
+def pre_tokenizer_classes(path):
+    """Two bytes per code point c, how pre-tokenizers treat "a" + c. Whitespace: w (c joins the
+    word), s (removed), o (a piece of its own); Punctuation: p (isolated) or n. Surrogates: 0."""
+    whitespace, punctuation = pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()
+    table = bytearray(2 * 0x110000)
     for c in range(0x110000):
         if 0xD800 <= c <= 0xDFFF:
             continue
-        pieces = [p for p, _ in ws.pre_tokenize_str("a" + chr(c))]
-        table[c] = ord("w") if pieces == ["a" + chr(c)] else ord("s") if pieces == ["a"] else ord("o")
+        text = "a" + chr(c)
+        pieces = [p for p, _ in whitespace.pre_tokenize_str(text)]
+        table[2 * c] = ord("w") if pieces == [text] else ord("s") if pieces == ["a"] else ord("o")
+        table[2 * c + 1] = ord("p") if len(punctuation.pre_tokenize_str(text)) == 2 else ord("n")
     with open(path, "wb") as f:
         f.write(bytes(table))
 
@@ -202,7 +237,8 @@ def main():
         for line in split_lines():
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
     lowercase_table(os.path.join(args.out, "lowercase.tsv"))
-    whitespace_classes(os.path.join(args.out, "whitespace_classes.bin"))
+    pre_tokenizer_classes(os.path.join(args.out, "pre_tokenizer_classes.bin"))
+    normalized_table(os.path.join(args.out, "normalized.tsv"))
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 

@@ -211,8 +211,8 @@ TEST(TokenizerFiles, UnsupportedComponentsNameFileAndType) {
                                         "pre_tokenizer: unsupported pre_tokenizer type 'BertPreTokenizer'");
   expect_load_error_with_tokenizer_json(
       R"("pre_tokenizer": {"type": "ByteLevel")",
-      R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Punctuation", "behavior": "Isolated"}]}, "x": {"type": "ByteLevel")",
-      "pre_tokenizer.pretokenizers[0]: unsupported pre_tokenizer type 'Punctuation'");
+      R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "UnicodeScripts"}]}, "x": {"type": "ByteLevel")",
+      "pre_tokenizer.pretokenizers[0]: unsupported pre_tokenizer type 'UnicodeScripts'");
 }
 
 TEST(TokenizerFiles, BadRegexNamesFileComponentAndPattern) {
