@@ -16,6 +16,7 @@ packages=(
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
   libbenchmark-dev libbenchmark1debian
   libicu-dev libicu72
+  libonig-dev libonig5
   libssl-dev libssl3 zlib1g-dev zlib1g
   libpng-dev libpng16-16
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1

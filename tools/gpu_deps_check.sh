@@ -33,7 +33,7 @@ if [ "${1:-}" != "--inside" ]; then
 fi
 
 build="$root/${2:-build-gpu-deps-check}"
-for hidden_file in /usr/include/httplib.h /usr/include/spdlog/spdlog.h /usr/include/unicode/uchar.h \
+for hidden_file in /usr/include/httplib.h /usr/include/spdlog/spdlog.h /usr/include/unicode/uchar.h /usr/include/oniguruma.h \
                    /usr/lib/x86_64-linux-gnu/libcpp-httplib.so.0.11 /usr/bin/pkgconf; do
   [ ! -e "$hidden_file" ] || { echo "gpu_deps_check: $hidden_file is still visible" >&2; exit 1; }
 done
@@ -54,7 +54,7 @@ for binary in "$build/dschat" "$build/libdschat.so" "$build/tests/dschat_tests" 
     echo "gpu_deps_check: $binary: $(ldd "$binary" | grep "not found" | tr -s ' \t' ' ')" >&2; failed=1
   fi
 done
-for lib in libcpp-httplib.so.0.11 libspdlog.so.1.10 libfmt.so.9 libicuuc.so.72 libpng16.so.16 libbrotlidec.so.1; do
+for lib in libcpp-httplib.so.0.11 libspdlog.so.1.10 libfmt.so.9 libicuuc.so.72 libonig.so.5 libpng16.so.16 libbrotlidec.so.1; do
   ldd "$build/libdschat.so" | grep -q "$lib => $gpu_deps_prefix/" ||
     { echo "gpu_deps_check: $lib not loaded from the prefix" >&2; failed=1; }
 done

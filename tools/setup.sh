@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything dschat needs to build and test on a fresh Debian 12 machine.
 # Idempotent and quiet when already done: each step checks before it installs.
-#   Debian packages : compiler, cmake, ninja, ccache, json, spdlog, CLI11, GoogleTest, ICU, OpenSSL, libpng,
+#   Debian packages : compiler, cmake, ninja, ccache, json, spdlog, CLI11, GoogleTest, ICU, Oniguruma, OpenSSL, libpng,
 #                     Gloo headers (declarations for LibTorch's c10d ProcessGroupGloo; the code is libtorch's),
 #                     cpp-httplib (`dschat serve`), chromium + chromium-driver (the chat page's browser test)
 #   .venv/          : torch==2.11.0 (its LibTorch is what CMake links), plus the Python
@@ -14,7 +14,7 @@ venv="${DSCHAT_VENV:-$root/.venv}"
 apt_packages=(
   g++ cmake ninja-build ccache git pkg-config python3 python3-venv python3-pip
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libicu-dev libssl-dev libpng-dev libgloo-dev libcpp-httplib-dev chromium chromium-driver
+  libbenchmark-dev libicu-dev libonig-dev libssl-dev libpng-dev libgloo-dev libcpp-httplib-dev chromium chromium-driver
 )
 missing=()
 for p in "${apt_packages[@]}"; do

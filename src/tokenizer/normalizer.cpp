@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "dschat/core/error.h"
+#include "tokenizer/lowercase.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/split.h"
 #include "tokenizer/unicode.h"
 
 namespace dschat {
@@ -44,6 +47,36 @@ class ReplaceNormalizer : public Normalizer {
   std::string pattern_, content_;
 };
 
+// Replace with a {"Regex": ...} pattern: every match (empty ones too) becomes `content`.
+class ReplaceRegexNormalizer : public Normalizer {
+ public:
+  ReplaceRegexNormalizer(Regex regex, std::string content) : regex_(std::move(regex)), content_(std::move(content)) {}
+  void normalize(std::string& text) const override {
+    thread_local std::vector<PatternPart> parts;
+    parts.clear();
+    regex_parts(regex_, text, parts);
+    std::string out;
+    out.reserve(text.size());
+    for (const PatternPart& part : parts) {
+      if (part.is_match) {
+        out += content_;
+      } else {
+        out.append(text, part.begin, part.end - part.begin);
+      }
+    }
+    text = std::move(out);
+  }
+
+ private:
+  Regex regex_;
+  std::string content_;
+};
+
+class LowercaseNormalizer : public Normalizer {
+ public:
+  void normalize(std::string& text) const override { lowercase_utf8(text); }
+};
+
 class StripNormalizer : public Normalizer {
  public:
   StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
@@ -72,21 +105,43 @@ class StripNormalizer : public Normalizer {
   bool left_, right_;
 };
 
+// NFC/NFD/NFKC/NFKD. `tokenizers` normalizes with tables of Unicode 11.0, so a code point
+// assigned later is, to it, an unassigned starter: never decomposed, composed or reordered, and a
+// barrier to composition and reordering. ICU (Unicode 15.0) knows such code points, so the text
+// is normalized in the runs between them and they are copied as they are.
 class UnicodeNormalizer : public Normalizer {
  public:
   UnicodeNormalizer(const icu::Normalizer2* normalizer, std::string where)
       : normalizer_(normalizer), where_(std::move(where)) {}
   void normalize(std::string& text) const override {
     std::string out;
-    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text.size()));
-    UErrorCode status = U_ZERO_ERROR;
-    normalizer_->normalizeUTF8(0, icu::StringPiece(text.data(), static_cast<int32_t>(text.size())), sink,
-                               nullptr, status);
-    DSCHAT_CHECK(U_SUCCESS(status), InvalidArgument, where_, ": ICU normalisation failed: ", u_errorName(status));
+    out.reserve(text.size());
+    size_t run_begin = 0, pos = 0;
+    while (pos < text.size()) {
+      if (static_cast<unsigned char>(text[pos]) < 0x80) {
+        ++pos;
+        continue;
+      }
+      size_t begin = pos;
+      if (!(char_class(next_code_point(text, pos)) & kAfterUnicode11)) continue;
+      append_normalized(std::string_view(text).substr(run_begin, begin - run_begin), out);
+      out.append(text, begin, pos - begin);
+      run_begin = pos;
+    }
+    append_normalized(std::string_view(text).substr(run_begin), out);
     text = std::move(out);
   }
 
  private:
+  void append_normalized(std::string_view run, std::string& out) const {
+    if (run.empty()) return;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(run.size()));
+    UErrorCode status = U_ZERO_ERROR;
+    normalizer_->normalizeUTF8(0, icu::StringPiece(run.data(), static_cast<int32_t>(run.size())), sink, nullptr,
+                               status);
+    DSCHAT_CHECK(U_SUCCESS(status), InvalidArgument, where_, ": ICU normalisation failed: ", u_errorName(status));
+  }
+
   const icu::Normalizer2* normalizer_;
   std::string where_;
 };
@@ -136,14 +191,23 @@ std::unique_ptr<Normalizer> make_normalizer(const JsonSpec& spec) {
     return std::make_unique<SequenceNormalizer>(std::move(parts));
   }
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(spec.string("prepend"));
-  if (type == "Replace") return std::make_unique<ReplaceNormalizer>(replace_pattern(spec), spec.string("content"));
+  if (type == "Replace") {
+    JsonSpec pattern(spec.object("pattern"), spec.where() + ".pattern");
+    if (pattern.has("Regex")) {
+      return std::make_unique<ReplaceRegexNormalizer>(Regex(pattern.string("Regex"), pattern.where()),
+                                                      spec.string("content"));
+    }
+    return std::make_unique<ReplaceNormalizer>(replace_pattern(spec), spec.string("content"));
+  }
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Strip") {
     return std::make_unique<StripNormalizer>(spec.boolean_or("strip_left", false), spec.boolean_or("strip_right", false));
   }
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     return std::make_unique<UnicodeNormalizer>(icu_normalizer(type, spec.where()), spec.where());
   }
-  spec.unsupported("normalizer type '" + type + "'", "Sequence, Prepend, Replace, Strip, NFC, NFD, NFKC, NFKD");
+  spec.unsupported("normalizer type '" + type + "'",
+                   "Sequence, Prepend, Replace, Lowercase, Strip, NFC, NFD, NFKC, NFKD");
 }
 
 }  // namespace tokenizer

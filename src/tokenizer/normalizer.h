@@ -1,6 +1,6 @@
 #pragma once
-// tokenizer.json normalizers: Sequence, Prepend, Replace (string pattern), Strip, NFC, NFD, NFKC,
-// NFKD. They run on each piece of text left between added tokens, as in `tokenizers`.
+// tokenizer.json normalizers: Sequence, Prepend, Replace (string or regex pattern), Lowercase,
+// Strip, NFC, NFD, NFKC, NFKD. They run on each piece of text left between added tokens, as in `tokenizers`.
 
 #include <memory>
 #include <string>
@@ -23,7 +23,7 @@ std::unique_ptr<Normalizer> make_normalizer(const JsonSpec& spec);
 std::string replace_all(const std::string& text, const std::string& pattern, const std::string& content);
 
 /// The string pattern of a Replace normalizer or decoder ({"String": "..."}); Regex patterns are
-/// Unsupported.
+/// Unsupported here (the normalizer handles them itself; the decoder refuses them).
 std::string replace_pattern(const JsonSpec& spec);
 
 }  // namespace tokenizer

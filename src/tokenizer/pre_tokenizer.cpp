@@ -3,6 +3,7 @@
 #include "dschat/core/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pretokenize_gpt2.h"
+#include "tokenizer/split_pre_tokenizers.h"
 #include "tokenizer/unicode.h"
 
 namespace dschat {
@@ -142,7 +143,13 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const JsonSpec& spec) {
     return std::make_unique<MetaspacePreTokenizer>(spec.character("replacement"), parse_prepend_scheme(spec),
                                                    spec.boolean_or("split", true));
   }
-  spec.unsupported("pre_tokenizer type '" + type + "'", "ByteLevel, Metaspace, Sequence");
+  if (type == "Split") return make_split_pre_tokenizer(spec);
+  if (type == "Digits") return make_digits_pre_tokenizer(spec);
+  if (type == "Punctuation") return make_punctuation_pre_tokenizer(spec);
+  if (type == "Whitespace") return make_whitespace_pre_tokenizer();
+  if (type == "WhitespaceSplit") return make_whitespace_split_pre_tokenizer();
+  spec.unsupported("pre_tokenizer type '" + type + "'",
+                   "ByteLevel, Metaspace, Split, Digits, Punctuation, Whitespace, WhitespaceSplit, Sequence");
 }
 
 }  // namespace tokenizer

@@ -1,5 +1,6 @@
 #pragma once
-// tokenizer.json pre-tokenizers: ByteLevel (GPT-2 regex + byte alphabet), Metaspace and Sequence.
+// tokenizer.json pre-tokenizers: ByteLevel (GPT-2 regex + byte alphabet), Metaspace, Sequence, and
+// (split_pre_tokenizers.h) Split, Digits, Punctuation, Whitespace, WhitespaceSplit.
 // A pre-tokenizer turns the pieces of text between added tokens into the words the model sees.
 
 #include <memory>

@@ -42,6 +42,9 @@ uint8_t compute_class(char32_t cp) {
       u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL)) {
     bits |= kWord;
   }
+  UVersionInfo age;
+  u_charAge(c, age);
+  if (age[0] > 11 || (age[0] == 11 && age[1] > 0)) bits |= kAfterUnicode11;
   return bits;
 }
 
@@ -98,6 +101,24 @@ size_t valid_prefix(std::string_view text, size_t pos, bool* complete) {
 }  // namespace
 
 uint8_t char_class(char32_t cp) { return cp <= kMaxCodePoint ? class_table()[cp] : 0; }
+
+std::vector<std::pair<char32_t, char32_t>> newer_unicode_ranges(CharClass which) {
+  std::vector<std::pair<char32_t, char32_t>> out;
+  for (char32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
+    if (!(char_class(cp) & which)) continue;
+    // Unicode 15.0 additions carry ICU's age 15.0; 15.1/16.0 ones are unassigned to ICU (age 0).
+    UVersionInfo age;
+    u_charAge(static_cast<UChar32>(cp), age);
+    bool newer = (age[0] == 0 && age[1] == 0) || age[0] > 14 || (age[0] == 14 && age[1] > 0);
+    if (!newer) continue;
+    if (!out.empty() && out.back().second + 1 == cp) {
+      out.back().second = cp;
+    } else {
+      out.emplace_back(cp, cp);
+    }
+  }
+  return out;
+}
 
 void append_utf8(char32_t cp, std::string& out) {
   if (cp < 0x80) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace dschat {
 namespace tokenizer {
@@ -20,10 +22,18 @@ enum CharClass : uint8_t {
   kNumber = 2,
   kSpace = 4,
   kWord = 8,
+  // Assigned after Unicode 11.0, the version of `tokenizers`' normalization tables (NFC, NFKC...)
+  kAfterUnicode11 = 16,
 };
 
 /// The CharClass bits of code point `cp` (0 for values above U+10FFFF).
 uint8_t char_class(char32_t cp);
+
+/// The letters (kLetter) or numbers (kNumber) of this table that Unicode 15.0, 15.1 or 16.0
+/// assigned: Debian 12's Oniguruma 6.9.8 has Unicode 14.0 tables, so the regex engine adds these
+/// to \p{L} and \p{N} to classify as `tokenizers`' Oniguruma (Unicode 16.0) does. Computed on
+/// each call (a pass over all code points): callers keep the result.
+std::vector<std::pair<char32_t, char32_t>> newer_unicode_ranges(CharClass which);
 
 /// Decodes one code point of valid UTF-8 at `text[pos]`, advancing `pos`. The text must be valid
 /// UTF-8 (see to_valid_utf8); no checks are made here.

@@ -1,41 +1,23 @@
 // Parity with Hugging Face: tests/tokenizer/make_tokenizer_cases.py writes cases computed with
 // `tokenizers`/`transformers` (GPT-2 from assets/gpt2-bpe, an OPT-style directory, added-token
 // flags, three LLaMA-style byte-fallback tokenizers), and every id and decoded text must match.
+// The regex-split families (Qwen2, LLaMA-3, BLOOM, GPT-NeoX) are in family_parity_test.cpp.
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "dschat/tokenizer/tokenizer.h"
 #include "test_util.h"
+#include "tokenizer/parity_cases.h"
 
 namespace dschat {
 namespace tokenizer {
 namespace {
 
+using parity::CaseSet;
 using testing::TempDir;
-
-std::string from_hex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
-std::string show(const std::vector<int64_t>& ids) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ids.size(); ++i) out << (i ? ", " : "") << ids[i];
-  return out.str() + "]";
-}
-
-struct CaseSet {
-  std::string name;
-  std::string dir;
-  std::vector<nlohmann::json> lines;
-};
 
 class TokenizerParity : public ::testing::Test {
  protected:
@@ -46,15 +28,7 @@ class TokenizerParity : public ::testing::Test {
                           (testing::source_dir() / "assets/gpt2-bpe").string() + " --out " +
                           (dir_->path() / "cases").string();
     status_ = testing::run_command(command, &output_);
-    if (status_ != 0) return;
-    std::ifstream manifest(dir_->path() / "cases/manifest.json");
-    for (const auto& entry : nlohmann::json::parse(manifest)) {
-      CaseSet set{entry["name"], entry["dir"], {}};
-      std::ifstream in(entry["cases"].get<std::string>());
-      std::string line;
-      while (std::getline(in, line)) set.lines.push_back(nlohmann::json::parse(line));
-      sets_.push_back(std::move(set));
-    }
+    if (status_ == 0) sets_ = parity::load_sets(dir_->path() / "cases/manifest.json");
   }
   static void TearDownTestSuite() {
     sets_.clear();
@@ -72,36 +46,7 @@ class TokenizerParity : public ::testing::Test {
   }
 
   // Compares every line of `name`; returns the number of encoded strings compared.
-  size_t check_set(const std::string& name, size_t min_cases) {
-    const CaseSet& cases = set(name);
-    if (cases.lines.empty()) return 0;
-    Tokenizer tok = Tokenizer::load(cases.dir);
-    size_t compared = 0, mismatches = 0;
-    auto report = [&](const std::string& what, const nlohmann::json& line, const std::string& got) {
-      if (++mismatches <= 5) ADD_FAILURE() << name << ": " << what << " differs for " << line.dump() << "\n  got " << got;
-    };
-    for (const nlohmann::json& line : cases.lines) {
-      std::vector<int64_t> ids;
-      if (line.contains("decode_ids")) {
-        ids = line["decode_ids"].get<std::vector<int64_t>>();
-      } else {
-        std::string text = line.contains("bytes_hex") ? from_hex(line["bytes_hex"]) : line["text"].get<std::string>();
-        ids = line["ids"].get<std::vector<int64_t>>();
-        std::vector<int64_t> got = tok.encode(text, true);
-        if (got != ids) report("encode", line, show(got));
-        std::vector<int64_t> got_plain = tok.encode(text, false);
-        if (got_plain != line["ids_plain"].get<std::vector<int64_t>>()) report("encode (no specials)", line, show(got_plain));
-        ++compared;
-      }
-      std::string decoded = tok.decode(ids, false);
-      if (decoded != line["decoded"].get<std::string>()) report("decode", line, nlohmann::json(decoded).dump());
-      std::string skipped = tok.decode(ids, true);
-      if (skipped != line["decoded_skip"].get<std::string>()) report("decode (skip special)", line, nlohmann::json(skipped).dump());
-    }
-    EXPECT_EQ(mismatches, 0u) << name;
-    EXPECT_GE(compared, min_cases) << name;
-    return compared;
-  }
+  size_t check_set(const std::string& name, size_t min_cases) { return parity::check_set(set(name), min_cases); }
 
   static std::unique_ptr<TempDir> dir_;
   static int status_;

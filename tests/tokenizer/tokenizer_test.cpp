@@ -198,16 +198,36 @@ void expect_load_error_with_tokenizer_json(const std::string& from, const std::s
 
 TEST(TokenizerFiles, UnsupportedComponentsNameFileAndType) {
   expect_load_error_with_tokenizer_json(R"("type": "BPE")", R"("type": "WordPiece")", "model type 'WordPiece'");
-  expect_load_error_with_tokenizer_json(R"("normalizer": null)", R"("normalizer": {"type": "Lowercase"})",
-                                        "normalizer type 'Lowercase'");
+  expect_load_error_with_tokenizer_json(R"("normalizer": null)", R"("normalizer": {"type": "BertNormalizer"})",
+                                        "normalizer: unsupported normalizer type 'BertNormalizer'");
   expect_load_error_with_tokenizer_json(R"("decoder": {"type": "ByteLevel"})", R"("decoder": {"type": "CTC"})",
                                         "decoder type 'CTC'");
   expect_load_error_with_tokenizer_json(
-      R"("normalizer": null)", R"("normalizer": {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "})",
-      "Regex pattern");
+      R"("decoder": {"type": "ByteLevel"})", R"("decoder": {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "})",
+      "decoder.pattern: unsupported Regex pattern");
   expect_load_error_with_tokenizer_json(R"("dropout": null)", R"("dropout": 0.1)", "dropout");
-  expect_load_error_with_tokenizer_json(R"("pre_tokenizer": {"type": "ByteLevel")", R"("pre_tokenizer": {"type": "Digits")",
-                                        "pre_tokenizer type 'Digits'");
+  expect_load_error_with_tokenizer_json(R"("pre_tokenizer": {"type": "ByteLevel")",
+                                        R"("pre_tokenizer": {"type": "BertPreTokenizer")",
+                                        "pre_tokenizer: unsupported pre_tokenizer type 'BertPreTokenizer'");
+  expect_load_error_with_tokenizer_json(
+      R"("pre_tokenizer": {"type": "ByteLevel")",
+      R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "UnicodeScripts"}]}, "x": {"type": "ByteLevel")",
+      "pre_tokenizer.pretokenizers[0]: unsupported pre_tokenizer type 'UnicodeScripts'");
+}
+
+TEST(TokenizerFiles, BadRegexNamesFileComponentAndPattern) {
+  // An unterminated group: Oniguruma's own message follows the location and the pattern.
+  expect_load_error_with_tokenizer_json(
+      R"("pre_tokenizer": {"type": "ByteLevel")",
+      R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "a(b"}, "behavior": "Isolated", "invert": false}]}, "x": {"type": "ByteLevel")",
+      "tokenizer.json: pre_tokenizer.pretokenizers[0].pattern: Oniguruma cannot compile regex 'a(b': end pattern with unmatched parenthesis");
+  expect_load_error_with_tokenizer_json(
+      R"("normalizer": null)", R"("normalizer": {"type": "Replace", "pattern": {"Regex": "\\p{NoSuchProperty}"}, "content": ""})",
+      "normalizer.pattern: Oniguruma cannot compile regex");
+  expect_load_error_with_tokenizer_json(
+      R"("pre_tokenizer": {"type": "ByteLevel")",
+      R"("pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Dropped", "invert": false}, "x": {"type": "ByteLevel")",
+      "pre_tokenizer: key 'behavior' must be Removed, Isolated");
 }
 
 TEST(TokenizerFiles, MalformedFilesAreFormatErrors) {

@@ -1,0 +1,88 @@
+#pragma once
+// Case sets written by the Python oracles (make_tokenizer_cases.py, make_family_cases.py): a
+// manifest of {"name", "dir", "cases"} and JSON Lines of texts with the ids and decodings that
+// Hugging Face computed. Shared by the parity tests.
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dschat/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace tokenizer {
+namespace parity {
+
+struct CaseSet {
+  std::string name;
+  std::string dir;
+  std::vector<nlohmann::json> lines;
+};
+
+inline std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+inline std::string show(const std::vector<int64_t>& ids) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? ", " : "") << ids[i];
+  return out.str() + "]";
+}
+
+/// Every set listed in `manifest_path`, with its lines.
+inline std::vector<CaseSet> load_sets(const std::filesystem::path& manifest_path) {
+  std::vector<CaseSet> sets;
+  std::ifstream manifest(manifest_path);
+  for (const auto& entry : nlohmann::json::parse(manifest)) {
+    CaseSet set{entry["name"], entry["dir"], {}};
+    std::ifstream in(entry["cases"].get<std::string>());
+    std::string line;
+    while (std::getline(in, line)) set.lines.push_back(nlohmann::json::parse(line));
+    sets.push_back(std::move(set));
+  }
+  return sets;
+}
+
+/// Compares encode (with and without special tokens) and decode (with and without
+/// skip_special_tokens) of every line; reports the first mismatches. Returns the number of
+/// encoded strings compared.
+inline size_t check_set(const CaseSet& cases, size_t min_cases) {
+  if (cases.lines.empty()) return 0;
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  size_t compared = 0, mismatches = 0;
+  auto report = [&](const std::string& what, const nlohmann::json& line, const std::string& got) {
+    if (++mismatches <= 5) ADD_FAILURE() << cases.name << ": " << what << " differs for " << line.dump() << "\n  got " << got;
+  };
+  for (const nlohmann::json& line : cases.lines) {
+    std::vector<int64_t> ids;
+    if (line.contains("decode_ids")) {
+      ids = line["decode_ids"].get<std::vector<int64_t>>();
+    } else {
+      std::string text = line.contains("bytes_hex") ? from_hex(line["bytes_hex"]) : line["text"].get<std::string>();
+      ids = line["ids"].get<std::vector<int64_t>>();
+      std::vector<int64_t> got = tok.encode(text, true);
+      if (got != ids) report("encode", line, show(got));
+      std::vector<int64_t> got_plain = tok.encode(text, false);
+      if (got_plain != line["ids_plain"].get<std::vector<int64_t>>()) report("encode (no specials)", line, show(got_plain));
+      ++compared;
+    }
+    std::string decoded = tok.decode(ids, false);
+    if (decoded != line["decoded"].get<std::string>()) report("decode", line, nlohmann::json(decoded).dump());
+    std::string skipped = tok.decode(ids, true);
+    if (skipped != line["decoded_skip"].get<std::string>()) report("decode (skip special)", line, nlohmann::json(skipped).dump());
+  }
+  EXPECT_EQ(mismatches, 0u) << cases.name;
+  EXPECT_GE(compared, min_cases) << cases.name;
+  return compared;
+}
+
+}  // namespace parity
+}  // namespace tokenizer
+}  // namespace dschat
