@@ -1,5 +1,6 @@
 #include "serve/batch_run.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <tuple>
@@ -140,7 +141,8 @@ std::vector<bool> BatchRun::end_rows(const torch::Tensor& next_ids) {
     ++generated_tokens_;
     row.request->add_completion_tokens(1);
     const SamplingParams& params = row.request->params();
-    if (ids[r] == eos_) {
+    const auto& stop_ids = params.stop_token_ids;
+    if (ids[r] == eos_ || std::find(stop_ids.begin(), stop_ids.end(), ids[r]) != stop_ids.end()) {
       end_row(row, row.text.finish(), "stop");
     } else {
       std::string piece = row.text.push(ids[r]);

@@ -1,5 +1,11 @@
 #include "dschat/serve/chat_template.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
 #include "core/json_object.h"
 #include "dschat/core/error.h"
 
@@ -22,9 +28,38 @@ void check_pattern(const core::JsonObject& file, const std::string& key, const s
                file.at(key), " must contain {content} exactly once, got \"", pattern, "\"");
 }
 
+// The token the template writes right after an assistant message's content (ChatML's <|im_end|>,
+// LLaMA-3's <|eot_id|>, "</s>"), if it is one special token; else none.
+std::optional<int64_t> end_of_turn_token(const ChatTemplate& chat, const tokenizer::Tokenizer& tokenizer) {
+  const std::string reply = "dschat-probe-reply";
+  std::string text;
+  try {
+    text = chat.render({{"user", "dschat-probe-question"}, {"assistant", reply}}, /*add_generation_prompt=*/false);
+  } catch (const core::Error&) {
+    return std::nullopt;  // a template that refuses this conversation: the eos token alone ends replies
+  }
+  const size_t at = text.rfind(reply);
+  if (at == std::string::npos) return std::nullopt;
+  std::string after = text.substr(at + reply.size());
+  after.erase(0, std::min(after.size(), after.find_first_not_of(" \t\r\n")));
+  const std::vector<int64_t> ids = tokenizer.encode(after, /*add_special_tokens=*/false);
+  if (ids.empty() || !tokenizer.is_special(ids[0])) return std::nullopt;
+  return ids[0];
+}
+
 }  // namespace
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  if (jinja) {
+    nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+    nlohmann::ordered_json& list = variables["messages"] = nlohmann::ordered_json::array();
+    for (const auto& message : messages) list.push_back({{"role", message.role}, {"content", message.content}});
+    variables["tools"] = nullptr;
+    variables["documents"] = nullptr;
+    variables["add_generation_prompt"] = add_generation_prompt;
+    for (const auto& [key, value] : jinja_variables.items()) variables[key] = value;
+    return jinja->render(variables);
+  }
   std::string prompt;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& message = messages[i];
@@ -39,7 +74,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages) const
                    "'");
     }
   }
-  return prompt + generation_prompt;
+  return add_generation_prompt ? prompt + generation_prompt : prompt;
 }
 
 ChatTemplate load_chat_template(const std::string& path) {
@@ -59,6 +94,52 @@ ChatTemplate load_chat_template(const std::string& path) {
   check_pattern(file, "assistant", chat.assistant);
   DSCHAT_CHECK(chat.generation_prompt.find(kContent) == std::string::npos, ConfigError, file.at("generation_prompt"),
                " must not contain {content}");
+  return chat;
+}
+
+}  // namespace serve
+}  // namespace dschat
+
+namespace dschat {
+namespace serve {
+
+ChatTemplate jinja_chat_template(const tokenizer::ChatTemplateSource& source, const tokenizer::Tokenizer& tokenizer) {
+  ChatTemplate chat;
+  chat.jinja = std::make_shared<const tokenizer::JinjaTemplate>(source.text, source.origin);
+  chat.source = source.origin;
+  chat.stop.clear();
+  chat.trim_leading_space = false;
+  chat.add_special_tokens = false;
+  // transformers passes the tokenizer's special tokens (special_tokens_map) to the template.
+  const std::pair<const char*, std::optional<int64_t>> named[] = {{"bos_token", tokenizer.bos_token_id()},
+                                                                  {"eos_token", tokenizer.eos_token_id()},
+                                                                  {"unk_token", tokenizer.unk_token_id()},
+                                                                  {"pad_token", tokenizer.pad_token_id()}};
+  for (const auto& [key, id] : named) {
+    if (!id) continue;
+    if (const auto token = tokenizer.id_to_token(*id)) chat.jinja_variables[key] = *token;
+  }
+  if (const auto end = end_of_turn_token(chat, tokenizer); end && end != tokenizer.eos_token_id()) {
+    chat.stop_token_ids.push_back(*end);
+  }
+  return chat;
+}
+
+ChatTemplate select_chat_template(const std::string& flag, const tokenizer::Tokenizer& tokenizer) {
+  if (flag == kDeepSpeedChatTemplate) return ChatTemplate{};
+  if (flag.empty()) {
+    const auto found = tokenizer::find_chat_template(tokenizer.directory());
+    return found ? jinja_chat_template(*found, tokenizer) : ChatTemplate{};
+  }
+  if (std::filesystem::path(flag).extension() == ".jinja") {
+    std::ifstream in(flag, std::ios::binary);
+    DSCHAT_CHECK(in, IoError, flag, ": cannot read the chat template");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return jinja_chat_template({text.str(), flag}, tokenizer);
+  }
+  ChatTemplate chat = load_chat_template(flag);
+  chat.source = flag;
   return chat;
 }
 

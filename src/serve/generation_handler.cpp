@@ -18,18 +18,20 @@ int64_t unix_now() {
 }
 
 // The prompts as token ids, checked against the model's context and the batch size.
-std::vector<std::vector<int64_t>> prompt_ids(const Server::State& state, const ModelSlot& slot, ApiRequest& api) {
+std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& api) {
   const tokenizer::Tokenizer& tokenizer = slot.scheduler->tokenizer();
   std::vector<std::vector<int64_t>> prompts = api.prompt_ids;
   const char* param = api.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (api.endpoint == Endpoint::kChat) {
     std::string text;
     try {
-      text = state.options.chat_template.render(api.messages);
-    } catch (const core::InvalidArgument& e) {
+      text = slot.chat_template.render(api.messages);
+    } catch (const core::InvalidArgument& e) {  // an unknown role, or the template refused the conversation
       throw ApiError(400, e.what(), "messages");
+    } catch (const core::Unsupported& e) {  // the template needs what dschat's Jinja subset lacks
+      throw ApiError(500, e.what(), "messages", "", "server_error");
     }
-    prompts.push_back(tokenizer.encode(text));
+    prompts.push_back(tokenizer.encode(text, slot.chat_template.add_special_tokens));
   }
   for (const auto& text : api.prompts) prompts.push_back(tokenizer.encode(text));
   const int64_t context = slot.scheduler->context_tokens();
@@ -186,11 +188,12 @@ void handle_generation(Server::State& state, const httplib::Request& http, httpl
                      "model", "model_not_found");
     }
     if (endpoint == Endpoint::kChat) {
-      const ChatTemplate& chat = state.options.chat_template;
+      const ChatTemplate& chat = slot->chat_template;
       api.params.stop.insert(api.params.stop.end(), chat.stop.begin(), chat.stop.end());
       api.params.trim_leading_space = chat.trim_leading_space;
+      api.params.stop_token_ids = chat.stop_token_ids;
     }
-    auto request = std::make_shared<GenerationRequest>(prompt_ids(state, *slot, api), api.params);
+    auto request = std::make_shared<GenerationRequest>(prompt_ids(*slot, api), api.params);
     if (state.stopping) throw ApiError(503, "the server is stopping", "", "server_stopping", "server_error");
     try {
       slot->scheduler->submit(request);

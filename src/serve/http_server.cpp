@@ -127,6 +127,7 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
     slot.name = served.name;
     slot.vocab_size = served.model->config().vocab_size;
     slot.created = now;
+    slot.chat_template = served.chat_template ? std::move(*served.chat_template) : state.options.chat_template;
     slot.scheduler = std::make_unique<BatchScheduler>(served.model, std::move(served.tokenizer), engine,
                                                       state.options.scheduler);
     state.models.push_back(std::move(slot));

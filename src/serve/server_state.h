@@ -20,6 +20,7 @@ struct ModelSlot {
   std::string name;
   int64_t vocab_size = 0;
   int64_t created = 0;  // unix seconds when loaded (/v1/models' "created")
+  ChatTemplate chat_template;
   std::unique_ptr<BatchScheduler> scheduler;
 };
 

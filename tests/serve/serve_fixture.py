@@ -5,7 +5,7 @@
         server.process      # the Popen (its stderr goes to server.log_path)
 
 The bundled tiny OPT (assets/tiny-opt, GPT-2 tokenizer) is served twice, as "tiny" and "tiny-b",
-unless `models` says otherwise. The binary comes from $DSCHAT_CLI_PATH (ctest sets it) or
+unless `models` says otherwise; `tokenizer` is the --tokenizer directory (the GPT-2 one). The binary comes from $DSCHAT_CLI_PATH (ctest sets it) or
 build/dschat.
 """
 import json
@@ -26,8 +26,9 @@ READY_PREFIX = "dschat serve: listening on "
 
 
 class ServedModels:
-    def __init__(self, models=None, extra_args=(), env=None, start_timeout_s=120):
+    def __init__(self, models=None, extra_args=(), env=None, start_timeout_s=120, tokenizer=TOKENIZER):
         self.models = models or [f"tiny={TINY_MODEL}", f"tiny-b={TINY_MODEL}"]
+        self.tokenizer = tokenizer
         self.extra_args = list(extra_args)
         self.env = env
         self.start_timeout_s = start_timeout_s
@@ -37,7 +38,7 @@ class ServedModels:
         self.log_path = self._log.name
 
     def command(self):
-        cmd = [CLI, "serve", "--port", "0", "--tokenizer", str(TOKENIZER), "--device", "cpu"]
+        cmd = [CLI, "serve", "--port", "0", "--tokenizer", str(self.tokenizer), "--device", "cpu"]
         for model in self.models:
             cmd += ["--model", model]
         return cmd + self.extra_args

@@ -1,8 +1,12 @@
-// `dschat chat --model DIR [--tokenizer DIR] [--max-new-tokens N] [sampling flags as generate]`
+// `dschat chat --model DIR [--tokenizer DIR] [--chat-template deepspeed|FILE] [--max-new-tokens N]
+//  [sampling flags as generate]`
 // An interactive loop over stdin, as DeepSpeed-Chat's chat.py (inference/chatbot.py): every line
 // is one human turn; the conversation so far plus " Human: <line>\n Assistant: " is continued by
 // the model, the reply is cut where the model starts a "Human:" turn of its own, and printed as
 // "Assistant: <reply>". `clear` forgets the conversation, `quit` or end of input exits (status 0).
+// A model whose tokenizer directory has a Hugging Face chat template is prompted with it instead,
+// and its reply ends at the eos or end-of-turn token (serve/chat_template.h; --chat-template
+// deepspeed keeps DeepSpeed-Chat's format).
 // With --prompt T the one turn T is answered the same way and the command exits.
 // When the conversation no longer fits (max_out_tokens or the model's positions), its oldest
 // turns are dropped. One InferenceEngine serves every turn, so its workspace is reused.
@@ -16,9 +20,10 @@
 #include "generation_flags.h"
 #include "model_flags.h"
 #include "dschat/core/error.h"
-#include "dschat/inference/generate_text.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/load_save.h"
+#include "dschat/serve/chat_template.h"
+#include "dschat/serve/text_stream.h"
 
 namespace dschat {
 namespace cli {
@@ -27,6 +32,7 @@ namespace {
 struct ChatOptions {
   std::string model, tokenizer, dtype = "fp32", init, device = "auto";
   std::string prompt;  // --prompt: answer this one turn and exit
+  std::string chat_template;  // --chat-template: "", "deepspeed" or a file
   core::GenerationConfig generation;
   int64_t max_out_tokens = 512;
 };
@@ -37,21 +43,58 @@ std::string trim(const std::string& text) {
   return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
 }
 
-// The reply up to the model's own next "Human:" turn (chatbot.py's process_response).
-std::string cut_reply(const std::string& generated) {
-  return trim(generated.substr(0, generated.find("Human:")));
+// The conversation so far and the new human turn, as messages.
+std::vector<serve::ChatMessage> conversation(const std::deque<std::pair<std::string, std::string>>& turns,
+                                            const std::string& line) {
+  std::vector<serve::ChatMessage> messages;
+  for (const auto& [human, reply] : turns) {
+    messages.push_back({"user", human});
+    messages.push_back({"assistant", reply});
+  }
+  messages.push_back({"user", line});
+  return messages;
 }
 
-std::string join(const std::deque<std::string>& turns) {
-  std::string text;
-  for (const auto& turn : turns) text += turn;
-  return text;
+// The model's reply to `prompt`: generation ends at eos or one of the template's end-of-turn ids;
+// the text is cut at the template's first stop string (DeepSpeed-Chat: the model's own "Human:"
+// turn, chatbot.py's process_response) and trimmed.
+std::string reply_to(inference::InferenceEngine& engine, const tokenizer::Tokenizer& tokenizer,
+                     const serve::ChatTemplate& chat, const std::vector<int64_t>& prompt,
+                     core::GenerationConfig config) {
+  if (!config.eos_token_id) config.eos_token_id = tokenizer.eos_token_id();
+  if (!config.pad_token_id) config.pad_token_id = tokenizer.pad_token_id() ? tokenizer.pad_token_id() : config.eos_token_id;
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  const auto device = engine.model()->parameters().front().device();
+  torch::Tensor ids = torch::tensor(prompt, torch::kInt64).reshape({1, length}).to(device);  // [1, T]
+  torch::Tensor mask = torch::ones({1, length}, torch::kInt64).to(device);                   // [1, T]
+  inference::GenerationResult result;
+  if (chat.stop_token_ids.empty()) {
+    result = engine.generate(ids, mask, config);
+  } else {
+    inference::StepHooks hooks;
+    hooks.end_rows = [&](const torch::Tensor& next, int64_t) {
+      const int64_t id = next[0].item<int64_t>();
+      return std::vector<bool>{std::find(chat.stop_token_ids.begin(), chat.stop_token_ids.end(), id) !=
+                               chat.stop_token_ids.end()};
+    };
+    result = engine.generate(ids, mask, config, hooks);
+  }
+  torch::Tensor sequences = result.sequences.cpu();  // [1, T + N]
+  torch::Tensor kept = result.attention_mask.cpu();  // [1, T + N]
+  std::vector<int64_t> new_ids;
+  for (int64_t t = length; t < sequences.size(1); ++t) {
+    if (kept[0][t].item<int64_t>() == 1) new_ids.push_back(sequences[0][t].item<int64_t>());
+  }
+  const std::string text = tokenizer.decode(new_ids, /*skip_special_tokens=*/true);
+  return trim(text.substr(0, std::min(text.size(), serve::find_first_stop(text, chat.stop))));
 }
 
 void run_chat(ChatOptions o) {
   core::validate_generation_config(o.generation, "chat flags");
   auto model = models::load_causal_lm(o.model, load_options(o.dtype, o.init, o.device));
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
+  const serve::ChatTemplate chat = serve::select_chat_template(o.chat_template, tokenizer);
+  if (chat.jinja) std::cerr << "dschat chat: chat template from " << chat.source << "\n";
   inference::InferenceEngineOptions engine_options;
   engine_options.max_out_tokens = o.max_out_tokens;
   engine_options.log_stats = false;
@@ -61,7 +104,7 @@ void run_chat(ChatOptions o) {
       std::min(o.max_out_tokens, model->config().max_position_embeddings) - o.generation.max_new_tokens;
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
 
-  std::deque<std::string> turns;  // " Human: ...\n Assistant: <reply>\n\n", oldest first
+  std::deque<std::pair<std::string, std::string>> turns;  // (human line, reply), oldest first
   const bool one_turn = !o.prompt.empty();
   bool prompt_taken = false;
   for (std::string line;;) {
@@ -80,15 +123,17 @@ void run_chat(ChatOptions o) {
       continue;
     }
     if (line.empty()) continue;
-    const std::string turn = " Human: " + line + "\n Assistant: ";
-    while (!turns.empty() &&
-           static_cast<int64_t>(tokenizer.encode(join(turns) + turn).size()) > budget) {
+    const auto encode = [&] {
+      return tokenizer.encode(chat.render(conversation(turns, line)), chat.add_special_tokens);
+    };
+    std::vector<int64_t> prompt = encode();
+    while (!turns.empty() && static_cast<int64_t>(prompt.size()) > budget) {
       turns.pop_front();
+      prompt = encode();
     }
-    const std::string prompt = join(turns) + turn;
-    const std::string reply = cut_reply(inference::generate_text(engine, tokenizer, {prompt}, o.generation).front());
+    const std::string reply = reply_to(engine, tokenizer, chat, prompt, o.generation);
     std::cout << "Assistant: " << reply << "\n" << std::flush;
-    turns.push_back(turn + reply + "\n\n");
+    turns.emplace_back(line, reply);
   }
 }
 
@@ -101,6 +146,9 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model directory, cached HF id or short name")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
   cmd->add_option("--prompt", o->prompt, "Answer this one human turn and exit (no stdin)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "'deepspeed' (DeepSpeed-Chat's Human:/Assistant:), a .jinja file or a JSON template file "
+                  "(default: the tokenizer directory's Jinja chat template, else DeepSpeed-Chat's)");
   add_device_flag(*cmd, o->device);
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--init", o->init, "'random': preset or config.json shapes with random weights");

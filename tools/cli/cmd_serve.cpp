@@ -44,15 +44,16 @@ void run_serve(ServeOptions o) {
   }
   DSCHAT_CHECK(o.batch_window_ms >= 0, InvalidArgument, "--batch-window-ms must be >= 0, got ", o.batch_window_ms);
   o.server.scheduler.batch_window = std::chrono::milliseconds(o.batch_window_ms);
-  if (!o.chat_template.empty()) o.server.chat_template = serve::load_chat_template(o.chat_template);
   const models::LoadOptions load = load_options(o.dtype, "", o.device);
   std::vector<serve::ServedModel> served;
   for (const auto& flag : o.models) {
     const auto [name, dir] = model_entry(flag);
     auto model = models::load_causal_lm(dir, load);
     model->eval();
-    served.push_back({name, model, tokenizer::Tokenizer::load(o.tokenizer.empty() ? dir : o.tokenizer)});
-    std::cerr << "dschat serve: model '" << name << "' from " << dir << "\n";
+    auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? dir : o.tokenizer);
+    serve::ChatTemplate chat = serve::select_chat_template(o.chat_template, tokenizer);
+    std::cerr << "dschat serve: model '" << name << "' from " << dir << " (chat template: " << chat.source << ")\n";
+    served.push_back({name, model, std::move(tokenizer), std::move(chat)});
   }
   serve::Server server(std::move(served), o.server);
   const int port = server.bind();
@@ -105,7 +106,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
   cmd->add_option("--default-max-tokens", o->server.default_max_tokens, "max_tokens when a request gives none")
       ->capture_default_str();
-  cmd->add_option("--chat-template", o->chat_template, "Chat template JSON (default: DeepSpeed-Chat's Human:/Assistant:)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "'deepspeed' (DeepSpeed-Chat's Human:/Assistant:), a .jinja file or a JSON template file "
+                  "(default: the tokenizer directory's Jinja chat template, else DeepSpeed-Chat's)");
   cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "Capture the decode step as a CUDA graph (CUDA only)");
   cmd->add_option("--http-threads", o->server.http_threads, "Connection threads (0: queue + batch + 16 per model)")
       ->capture_default_str();

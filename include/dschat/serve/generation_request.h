@@ -26,6 +26,7 @@ struct SamplingParams {
   int64_t n = 1;             // answers per prompt
   std::vector<std::string> stop;  // the client's stop strings and the chat template's
   bool trim_leading_space = false;  // chat replies drop the space after "Assistant:"
+  std::vector<int64_t> stop_token_ids;  // ids that end an answer besides eos (a chat template's end of turn)
 
   bool greedy() const { return temperature == 0.0; }
 };

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct ServedModel {
   std::string name;  // the "model" of requests
   models::CausalLM model;
   tokenizer::Tokenizer tokenizer;
+  std::optional<ChatTemplate> chat_template;  // none: ServerOptions::chat_template
 };
 
 struct ServerOptions {
@@ -46,7 +48,7 @@ struct ServerOptions {
   int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
   bool enable_cuda_graph = false;
   SchedulerOptions scheduler;
-  ChatTemplate chat_template;
+  ChatTemplate chat_template;            // for the models that bring none (select_chat_template)
   int http_threads = 0;                  // 0: enough for every queued and running request, plus 16
 };
 

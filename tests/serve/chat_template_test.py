@@ -1,0 +1,113 @@
+"""`dschat serve` and `dschat chat` on a tokenizer directory whose tokenizer_config.json has a Jinja
+chat_template: the prompt is that template's rendering (its token count equals transformers'
+apply_chat_template), --chat-template deepspeed brings back DeepSpeed-Chat's format, and a
+template outside dschat's Jinja subset is refused at start, naming the file and the construct.
+
+Run: .venv/bin/python tests/serve/chat_template_test.py   (ctest: serve_chat_template). The tokenizer
+directory is made at test time from the bundled GPT-2 files plus a tokenizer_config.json.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_fixture import CLI, TINY_MODEL, TOKENIZER, ServedModels  # noqa: E402
+
+import openai  # noqa: E402
+
+# Zephyr-like, on tokens the tiny model's 50257-entry vocabulary has: <|endoftext|> as bos and eos.
+TEMPLATE = ("{{ bos_token }}{% for message in messages %}\n"
+            "{{ '<|' + message['role'] + '|>\\n' + message['content'] | trim + eos_token }}\n"
+            "{% endfor %}\n"
+            "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  What is the capital of France? "}]
+
+
+def tokenizer_dir(parent, template):
+    """A copy of the GPT-2 tokenizer with `template` as its chat_template."""
+    path = pathlib.Path(parent)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(TOKENIZER / name, path / name)
+    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+              "unk_token": "<|endoftext|>", "chat_template": template}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def transformers_prompt(directory, messages):
+    """(text, ids) of transformers' apply_chat_template on the same directory."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return text, list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+class ChatTemplateServeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="dschat-chat-template-")
+        cls.directory = tokenizer_dir(cls.tmp.name, TEMPLATE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def chat(self, server, **extra):
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0, **extra)
+
+    def test_serve_prompts_with_the_models_jinja_template(self):
+        text, ids = transformers_prompt(self.directory, MESSAGES)
+        self.assertTrue(text.startswith("<|endoftext|><|system|>\nBe brief.<|endoftext|>\n<|user|>\nWhat is"), text)
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], tokenizer=self.directory) as server:
+            answer = self.chat(server)
+            streamed = list(self.chat(server, stream=True))
+            log = server.log()
+        self.assertIn(f"chat template: {self.directory / 'tokenizer_config.json'}", log)
+        self.assertEqual(answer.usage.prompt_tokens, len(ids))  # no extra bos: the template writes its own
+        # The reply is the greedy continuation of exactly that prompt, not trimmed.
+        out = subprocess.run([CLI, "generate", "--model", str(TINY_MODEL), "--tokenizer", str(self.directory),
+                              "--device", "cpu", "--prompt", text, "--max-new-tokens", "8"],
+                             check=True, capture_output=True, text=True).stdout
+        self.assertEqual(answer.choices[0].message.content, out[:-1])
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in streamed), answer.choices[0].message.content)
+
+    def test_deepspeed_flag_brings_back_human_assistant(self):
+        from transformers import GPT2TokenizerFast
+        deepspeed = "Be brief.\n\n Human:   What is the capital of France? \n Assistant: "
+        count = len(GPT2TokenizerFast.from_pretrained(str(TOKENIZER))(deepspeed)["input_ids"])
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], tokenizer=self.directory,
+                          extra_args=["--chat-template", "deepspeed"]) as server:
+            answer = self.chat(server)
+            log = server.log()
+        self.assertEqual(answer.usage.prompt_tokens, count)
+        self.assertIn("chat template: DeepSpeed-Chat's Human:/Assistant: format", log)
+
+    def test_chat_cli_uses_the_template_and_refuses_what_it_cannot_render(self):
+        run = subprocess.run([CLI, "chat", "--model", str(TINY_MODEL), "--tokenizer", str(self.directory), "--device",
+                              "cpu", "--prompt", "hello", "--max-new-tokens", "4"], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn(f"chat template from {self.directory / 'tokenizer_config.json'}", run.stderr)
+        self.assertTrue(run.stdout.startswith("Assistant: "), run.stdout)
+        with tempfile.TemporaryDirectory() as other:
+            broken = tokenizer_dir(other, "{% macro turn(m) %}{{ m.content }}{% endmacro %}"
+                                          "{% for m in messages %}{{ turn(m) }}{% endfor %}")
+            run = subprocess.run([CLI, "chat", "--model", str(TINY_MODEL), "--tokenizer", str(broken), "--device", "cpu",
+                                  "--prompt", "hello"], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 1, run.stderr)
+            self.assertIn(f"{broken / 'tokenizer_config.json'}:1:4: '{{% macro %}}' is not supported", run.stderr)
+            # --chat-template deepspeed does not even read it.
+            run = subprocess.run([CLI, "chat", "--model", str(TINY_MODEL), "--tokenizer", str(broken), "--device", "cpu",
+                                  "--prompt", "hello", "--max-new-tokens", "2", "--chat-template", "deepspeed"],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
