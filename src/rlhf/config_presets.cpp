@@ -2,12 +2,18 @@
 // the per-size presets that mirror DeepSpeed-Chat's training scripts, and the demo config.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/json_object.h"
 #include "core/strings.h"
 #include "dschat/core/error.h"
+#include "dschat/core/model_config.h"
+#include "dschat/models/families.h"
 #include "dschat/rlhf/pipeline_config.h"
 
 namespace dschat {
@@ -80,6 +86,77 @@ std::string describe_presets() {
   return out;
 }
 
+
+// A model with no script of its own borrows the script of the nearest size, as long as the sizes
+// are within this factor: hyper-parameters of a 1.3B script are a fair start for a 0.5B-3B model;
+// a 13B script for a 70B model is not.
+constexpr double kNearestSizeFactor = 4.0;
+
+// Rough parameter count from the shapes (embeddings + attention + MLP), enough to rank sizes.
+double approximate_parameters(const core::ModelConfig& c) {
+  const double h = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double mlp_matrices = c.architecture == core::Architecture::Llama ? 3.0 : 2.0;
+  const double per_layer = h * (2.0 * q + 2.0 * kv) + mlp_matrices * h * static_cast<double>(c.intermediate_size);
+  const double embeddings = static_cast<double>(c.vocab_size) * h * (c.tie_word_embeddings ? 1.0 : 2.0);
+  return embeddings + static_cast<double>(c.num_hidden_layers) * per_layer;
+}
+
+// The shapes of `model`: its --init random preset, or a local directory's config.json.
+std::optional<core::ModelConfig> model_shapes(const std::string& model) {
+  if (auto preset = core::model_preset(model)) return preset;
+  const std::filesystem::path config = std::filesystem::path(model) / "config.json";
+  if (std::filesystem::is_regular_file(config)) return core::load_model_config(model);
+  return std::nullopt;
+}
+
+// DeepSpeed-Chat's --lora_module_name for the decoder layers of this model_type.
+std::string lora_layers_of(const std::string& model_type) {
+  for (const auto& family : models::supported_families()) {
+    // model_types is a list: "gptj, codegen"
+    const std::string listed = ", " + family.model_types + ",";
+    if (listed.find(", " + model_type + ",") != std::string::npos) return family.lora_modules;
+  }
+  return "";
+}
+
+struct ScriptChoice {
+  std::string model;             // as given
+  std::string stem;              // the script's file stem: "opt-1.3b"
+  bool borrowed = false;         // not the model's own script
+  std::string reason;            // why this script, when borrowed
+  std::string lora_module_name;  // the model's own layer prefix, when borrowed
+};
+
+// The script for `model` among `stems`: its own by name, else the nearest size (LLaMA's scripts
+// preferred for LLaMA-shaped families, OPT's for the LayerNorm decoders DS-Chat trains with them).
+std::optional<ScriptChoice> choose_script(const std::string& model, const std::set<std::string>& stems) {
+  const std::string own = preset_stem(model);
+  if (stems.count(own) > 0) return ScriptChoice{model, own, false, "", ""};
+  const std::optional<core::ModelConfig> shapes = model_shapes(model);
+  if (!shapes) return std::nullopt;
+  const double size = approximate_parameters(*shapes);
+  const bool llama_shaped = shapes->architecture == core::Architecture::Llama;
+  std::optional<ScriptChoice> best;
+  double best_distance = 0.0;
+  for (const std::string& stem : stems) {
+    const std::optional<core::ModelConfig> script_shapes = core::model_preset(stem);
+    if (!script_shapes) continue;
+    const double ratio = std::abs(std::log(size / approximate_parameters(*script_shapes)));
+    if (ratio > std::log(kNearestSizeFactor)) continue;
+    const bool same_kind = (script_shapes->architecture == core::Architecture::Llama) == llama_shaped;
+    const double distance = ratio + (same_kind ? 0.0 : std::log(1.25));
+    if (!best || distance < best_distance) {
+      best_distance = distance;
+      char reason[160];
+      std::snprintf(reason, sizeof reason, "%s %.2gB parameters, no script of its own: %s's script, the nearest size",
+                    shapes->model_type.c_str(), size / 1e9, stem.c_str());
+      best = ScriptChoice{model, stem, true, reason, lora_layers_of(shapes->model_type)};
+    }
+  }
+  return best;
+}
 }  // namespace
 
 std::vector<std::string> preset_names() {
@@ -96,19 +173,26 @@ std::vector<std::string> preset_names() {
 
 nlohmann::json preset_config(const std::string& deployment, const std::string& actor_model,
                              const std::string& reward_model) {
-  const std::string actor = preset_stem(actor_model);
-  const std::string reward = preset_stem(reward_model);
   const auto table = preset_table();
-  auto has = [&](int step, const std::string& stem) {
+  auto stems_of = [&](int step) {
     auto d = table.find(deployment);
-    if (d == table.end()) return false;
+    if (d == table.end()) return std::set<std::string>{};
     auto s = d->second.find(step);
-    return s != d->second.end() && s->second.count(stem) > 0;
+    return s == d->second.end() ? std::set<std::string>{} : s->second;
   };
-  DSCHAT_CHECK(has(1, actor) && has(2, reward) && has(3, actor), ConfigError, "no preset for deployment '",
-               deployment, "' with actor '", actor_model, "' (", actor, ") and reward model '", reward_model, "' (",
-               reward, "); steps 1 and 3 are chosen by the actor and step 2 by the reward model, and the presets are: ",
+  const std::optional<ScriptChoice> actor1 = choose_script(actor_model, stems_of(1));
+  const std::optional<ScriptChoice> reward2 = choose_script(reward_model, stems_of(2));
+  const std::optional<ScriptChoice> actor3 = choose_script(actor_model, stems_of(3));
+  DSCHAT_CHECK(actor1 && reward2 && actor3, ConfigError, "no preset for deployment '", deployment, "' with actor '",
+               actor_model, "' (", preset_stem(actor_model), ") and reward model '", reward_model, "' (",
+               preset_stem(reward_model),
+               "); steps 1 and 3 are chosen by the actor and step 2 by the reward model: a script of that name, or "
+               "for another family or size the script of the nearest size within ",
+               kNearestSizeFactor, "x (sizes known from the --init random presets or the directory's config.json); "
+               "the presets are: ",
                describe_presets(), ". Pass --config with your own values instead");
+  const std::string& actor = actor1->stem;
+  const std::string& reward = reward2->stem;
 
   // A bare size names DS-Chat's OPT checkpoint; anything else (hub id, short name, directory)
   // is kept for the model resolver.
@@ -128,6 +212,18 @@ nlohmann::json preset_config(const std::string& deployment, const std::string& a
     }
     block.erase("description");
     out[key] = std::move(block);
+  }
+  // A script borrowed from another family or size: say so, and point LoRA at this family's layers
+  // (an OPT script's "decoder.layers." matches no GPT-2 or Qwen module).
+  const std::pair<const ScriptChoice*, std::vector<std::pair<const char*, const char*>>> retargets[] = {
+      {&*actor1, {{"step1", "lora_module_name"}, {"step3", "actor_lora_module_name"}}},
+      {&*reward2, {{"step2", "lora_module_name"}, {"step3", "critic_lora_module_name"}}}};
+  for (const auto& [choice, keys] : retargets) {
+    if (!choice->borrowed) continue;
+    description += " (" + choice->model + ": " + choice->reason + ")";
+    for (const auto& [step, key] : keys) {
+      if (!choice->lora_module_name.empty()) out[step][key] = choice->lora_module_name;
+    }
   }
   description.pop_back();
   out["description"] = description;

@@ -48,6 +48,25 @@ TEST(PlanCli, ThirteenBillionOnOneA100With40GiBDoesNotFitAndSaysWhatWould) {
   EXPECT_NE(output.find("(400 rows in the phase)"), std::string::npos) << output;
 }
 
+TEST(PlanCli, PlansTheNewFamiliesFromTheirPresets) {
+  // Qwen2.5 (GQA, untied 7B with a tied 0.5B reward), Pythia (GPT-NeoX), BLOOM and Mistral
+  // presets are planned at their real shapes, nothing loaded.
+  for (const std::string models : {"--actor qwen2.5-7b --reward qwen2.5-0.5b", "--actor pythia-1.4b --reward pythia-410m",
+                                   "--actor bloom-1b7 --reward bloom-560m", "--actor mistral-7b-v0.1 --reward qwen3-0.6b"}) {
+    SCOPED_TRACE(models);
+    std::string output;
+    ASSERT_EQ(testing::run_command(cli() + " plan " + models + " --deployment single_node --gpu h100-80g --gpus 8 "
+                                   "--dataset-rows 1000 --json 2>/dev/null",
+                                   &output),
+              0)
+        << output;
+    const nlohmann::json plan = nlohmann::json::parse(output);
+    ASSERT_EQ(plan["steps"].size(), 3u);
+    for (const auto& step : plan["steps"]) EXPECT_GT(step["peak_bytes"].get<int64_t>(), int64_t{1} << 30);
+    EXPECT_TRUE(plan["fits"].get<bool>());
+  }
+}
+
 TEST(PlanCli, BadInputNamesTheFlagOrFile) {
   testing::TempDir dir;
   const std::string bad = (dir / "bad.json").string();

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
 #include "dschat/core/error.h"
+#include "dschat/core/model_config.h"
 #include "dschat/rlhf/pipeline_config.h"
 #include "dschat/rlhf/step_setup.h"
 #include "rlhf/critic_free_support.h"
@@ -168,6 +170,47 @@ TEST(PipelineConfig, UnknownPresetListsTheCombinations) {
                     "single_node: step1 {llama-2-7b, opt-1.3b, opt-13b, opt-6.7b}");
   EXPECT_THROW_WITH(rlhf::preset_config("cluster", "opt-1.3b", "opt-350m"), core::ConfigError,
                     "single_gpu: step1 {opt-1.3b} step2 {opt-350m} step3 {opt-1.3b}");
+}
+
+// Families and sizes with no DeepSpeed-Chat script borrow the script of the nearest size (LLaMA's
+// for LLaMA-shaped models), with LoRA pointed at their own layers and the reason in the description.
+TEST(PipelineConfig, OtherFamiliesBorrowTheNearestSizedScript) {
+  json q = rlhf::preset_config("single_node", "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-0.5b");
+  EXPECT_EQ(q["actor_model"], "Qwen/Qwen2.5-7B-Instruct");
+  EXPECT_DOUBLE_EQ(q["step1"]["learning_rate"].get<double>(), 9.65e-6);  // llama2/run_llama2_7b.sh
+  EXPECT_EQ(q["step1"]["lora_module_name"], "layers.");
+  EXPECT_EQ(q["step3"]["actor_lora_module_name"], "layers.");
+  EXPECT_DOUBLE_EQ(q["step2"]["learning_rate"].get<double>(), 5e-5);  // opt/single_node/run_350m.sh
+  EXPECT_EQ(q["step2"]["lora_module_name"], "layers.");
+  EXPECT_EQ(q["step3"]["critic_lora_module_name"], "layers.");
+  EXPECT_NE(q["description"].get<std::string>().find("llama-2-7b's script, the nearest size"), std::string::npos)
+      << q["description"];
+  EXPECT_NO_THROW(parse_pipeline_config(q, "qwen preset"));
+
+  // GPT-2 XL (1.6B) on one GPU: OPT-1.3B's script, LoRA on GPT-2's "h." layers.
+  json g = rlhf::preset_config("single_gpu", "gpt2-xl", "gpt2-medium");
+  EXPECT_DOUBLE_EQ(g["step1"]["learning_rate"].get<double>(), 1e-3);
+  EXPECT_EQ(g["step1"]["lora_module_name"], "h.");
+  EXPECT_EQ(g["step2"]["lora_module_name"], "h.");
+  EXPECT_NE(g["description"].get<std::string>().find("gpt2 1.6B parameters"), std::string::npos) << g["description"];
+
+  // Pythia-6.9B is a LayerNorm decoder: OPT-6.7B's script rather than LLaMA-2-7B's.
+  json p = rlhf::preset_config("single_node", "EleutherAI/pythia-6.9b-deduped", "opt-350m");
+  EXPECT_NE(p["description"].get<std::string>().find("opt-6.7b's script"), std::string::npos) << p["description"];
+  EXPECT_EQ(p["step1"]["lora_module_name"], "layers.");
+  EXPECT_FALSE(p["step2"].contains("lora_module_name"));  // the reward model has its own script
+
+  // A local directory's config.json gives the shapes.
+  testing::TempDir dir;
+  std::ofstream(dir / "config.json") << core::model_config_to_json(*core::model_preset("gpt2-medium"));
+  json d = rlhf::preset_config("single_gpu", "opt-1.3b", dir.path().string());
+  EXPECT_EQ(d["step2"]["lora_module_name"], "h.");
+
+  // Too far from every script, or nothing to size it by: the error lists the presets.
+  EXPECT_THROW_WITH(rlhf::preset_config("single_node", "qwen2.5-72b", "opt-350m"), core::ConfigError,
+                    "nearest size within 4x");
+  EXPECT_THROW_WITH(rlhf::preset_config("single_node", "my-org/unknown-model", "opt-350m"), core::ConfigError,
+                    "no preset for deployment 'single_node' with actor 'my-org/unknown-model'");
 }
 
 TEST(PipelineConfig, MisspelledKeyNamesFileKeyAndSuggestion) {

@@ -1,7 +1,8 @@
 """`dschat serve` and `dschat chat` on a tokenizer directory whose tokenizer_config.json has a Jinja
 chat_template: the prompt is that template's rendering (its token count equals transformers'
 apply_chat_template), --chat-template deepspeed brings back DeepSpeed-Chat's format, and a
-template outside dschat's Jinja subset is refused at start, naming the file and the construct.
+template outside dschat's Jinja subset is refused at start, naming the file and the construct. A tiny
+random Qwen2 served with Qwen2.5's own template answers exactly what transformers' greedy generate does.
 
 Run: .venv/bin/python tests/serve/chat_template_test.py   (ctest: serve_chat_template). The tokenizer
 directory is made at test time from the bundled GPT-2 files plus a tokenizer_config.json.
@@ -77,6 +78,36 @@ class ChatTemplateServeTest(unittest.TestCase):
                              check=True, capture_output=True, text=True).stdout
         self.assertEqual(answer.choices[0].message.content, out[:-1])
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in streamed), answer.choices[0].message.content)
+
+    def test_serve_a_qwen2_model_with_its_chatml_template_equals_transformers(self):
+        """A family beyond OPT/LLaMA served end to end: a tiny random Qwen2 (q/k/v biases, GQA, untied
+        head) with Qwen2.5's own chat template; the reply is transformers' greedy continuation."""
+        import torch
+        from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
+        with tempfile.TemporaryDirectory(prefix="dschat-qwen2-serve-") as tmp:
+            directory = tokenizer_dir(tmp, template)
+            torch.manual_seed(0)
+            config = Qwen2Config(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 tie_word_embeddings=False, bos_token_id=50256, eos_token_id=50256)
+            model = Qwen2ForCausalLM(config).eval()
+            model.save_pretrained(directory, safe_serialization=True)
+            ids = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
+                MESSAGES, tokenize=True, add_generation_prompt=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            with torch.no_grad():
+                greedy = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=8, do_sample=False, eos_token_id=50256, pad_token_id=50256)
+            expected = AutoTokenizer.from_pretrained(str(directory)).decode(greedy[0, len(ids):],
+                                                                            skip_special_tokens=True)
+            with ServedModels(models=[f"tiny={directory}"], tokenizer=directory) as server:
+                answer = self.chat(server)
+                log = server.log()
+        self.assertIn(f"chat template: {directory / 'tokenizer_config.json'}", log)
+        self.assertEqual(answer.usage.prompt_tokens, len(ids))
+        self.assertTrue(expected)  # a random model's 8 tokens: never empty, so the comparison has teeth
+        self.assertEqual(answer.choices[0].message.content, expected)
 
     def test_deepspeed_flag_brings_back_human_assistant(self):
         from transformers import GPT2TokenizerFast

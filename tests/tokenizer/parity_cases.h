@@ -83,6 +83,26 @@ inline size_t check_set(const CaseSet& cases, size_t min_cases) {
   return compared;
 }
 
+/// decode(encode(text)) == text for every line with a text (no special tokens added); reports the
+/// first failures. Returns the number of texts checked.
+inline size_t check_round_trip(const CaseSet& cases, size_t min_checked) {
+  if (cases.lines.empty()) return 0;
+  Tokenizer tok = Tokenizer::load(cases.dir);
+  size_t failures = 0, checked = 0;
+  for (const nlohmann::json& line : cases.lines) {
+    if (!line.contains("text")) continue;
+    const std::string text = line["text"];
+    const std::string back = tok.decode(tok.encode(text, false));
+    ++checked;
+    if (back != text && ++failures <= 5) {
+      ADD_FAILURE() << cases.name << ": round trip of " << line["text"].dump() << " gave " << back;
+    }
+  }
+  EXPECT_EQ(failures, 0u) << cases.name;
+  EXPECT_GE(checked, min_checked) << cases.name;
+  return checked;
+}
+
 }  // namespace parity
 }  // namespace tokenizer
 }  // namespace dschat

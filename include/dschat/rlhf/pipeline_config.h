@@ -315,7 +315,10 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
 
 /// The preset for (deployment, actor size, reward size) as JSON: DS-Chat's e2e_rlhf.py choice of
 /// scripts (step 1 and 3 by actor size, step 2 by reward size). Sizes are given as model names
-/// ("opt-1.3b", "facebook/opt-13b"). Throws core::ConfigError listing the combinations that exist.
+/// ("opt-1.3b", "facebook/opt-13b"). A model without a script of its own (another family, another
+/// size) borrows the script of the nearest size within 4x, sized from its --init random preset or
+/// its directory's config.json, with LoRA pointed at its family's layers; the description says so.
+/// Throws core::ConfigError listing the combinations that exist when nothing fits.
 nlohmann::json preset_config(const std::string& deployment, const std::string& actor_model,
                              const std::string& reward_model);
 
