@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "dschat/core/error.h"
 #include <string>
+
+#include "dschat/core/error.h"
+#include "test_paths.h"  // DSCHAT_SOURCE_DIR, DSCHAT_CLI_PATH, ...
 
 namespace dschat {
 namespace testing {

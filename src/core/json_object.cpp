@@ -1,6 +1,8 @@
 #include "core/json_object.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/strings.h"
@@ -33,14 +35,32 @@ std::optional<T> JsonObject::get_optional(const std::string& key) {
     if (!v.is_boolean()) type_error(key, "a boolean");
     return v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
-    if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
-      return static_cast<T>(v.get<double>());  // 1e3 and 2.0 are integers written as floats
+    int64_t value = 0;
+    if (v.is_number_float()) {  // 1e3 and 2.0 are integers written as floats
+      const double d = v.get<double>();
+      // 2^63 bounds the cast (beyond it the conversion is undefined); a fraction is no integer.
+      if (!(std::fabs(d) < 9.2e18) || d != std::trunc(d)) type_error(key, "an integer (within +-9.2e18)");
+      value = static_cast<int64_t>(d);
+    } else if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      DSCHAT_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), ConfigError, at(key),
+                   " is out of range: ", v.dump());
+      value = static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      value = v.get<int64_t>();
+    } else {
+      type_error(key, "an integer");
     }
-    if (!v.is_number_integer()) type_error(key, "an integer");
     if constexpr (std::is_unsigned_v<T>) {
-      if (v.is_number_integer() && !v.is_number_unsigned()) type_error(key, "a non-negative integer");
+      if (value < 0) type_error(key, "a non-negative integer");
+      DSCHAT_CHECK(static_cast<uint64_t>(value) <= std::numeric_limits<T>::max(), ConfigError, at(key),
+                   " is out of range: ", value);
+    } else {
+      // No silent wrap into a narrower type: 4294967299 is not zero_stage 3.
+      DSCHAT_CHECK(value >= std::numeric_limits<T>::min() && value <= std::numeric_limits<T>::max(), ConfigError,
+                   at(key), " is out of range: ", value);
     }
-    return v.get<T>();
+    return static_cast<T>(value);
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) type_error(key, "a number");
     return v.get<T>();
@@ -125,6 +145,8 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& where
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     DSCHAT_THROW(ConfigError, where, ": invalid JSON at byte ", e.byte, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range 406: a number beyond double (1e999)
+    DSCHAT_THROW(ConfigError, where, ": invalid JSON: ", e.what());
   }
 }
 

@@ -26,6 +26,9 @@ const nlohmann::json& object_or_empty(const nlohmann::json& json) {
 int64_t read_min(JsonObject& o, const std::string& key, int64_t fallback, int64_t min) {
   int64_t value = o.get<int64_t>(key, fallback);
   DSCHAT_CHECK(value >= min, ConfigError, o.at(key), " must be >= ", min, ", got ", value);
+  // Every count here (batch sizes, epochs, steps, lengths, intervals) is far below 2^24 in any real
+  // run; the cap keeps their products (batch x GAS x world, epochs x steps) inside int64.
+  DSCHAT_CHECK(value <= kMaxCount, ConfigError, o.at(key), " must be <= ", kMaxCount, ", got ", value);
   return value;
 }
 

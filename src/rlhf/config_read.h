@@ -16,6 +16,9 @@ namespace config_read {
 
 /// An absent step block (or an explicit null, as merge_config leaves none) reads as {}.
 const nlohmann::json& object_or_empty(const nlohmann::json& json);
+/// The largest count any integer key accepts (2^24).
+constexpr int64_t kMaxCount = int64_t{1} << 24;
+/// An integer key in [min, kMaxCount] (ConfigError naming the key and the value otherwise).
 int64_t read_min(core::JsonObject& o, const std::string& key, int64_t fallback, int64_t min);
 double read_nonnegative(core::JsonObject& o, const std::string& key, double fallback);
 double read_positive(core::JsonObject& o, const std::string& key, double fallback);

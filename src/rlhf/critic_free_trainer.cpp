@@ -78,6 +78,8 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   RlhfModels models = build_policy_models(view, total_iters, gas, context, config.kl_coef > 0.0, where);
   const torch::Device device = models.placement.trained.device;
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
+  check_sequence_length(models.actor->actor()->config(), config.max_prompt_seq_len + config.max_answer_seq_len,
+                        where + ": keys 'max_prompt_seq_len' + 'max_answer_seq_len'", config.actor_model_name_or_path);
   ScoredReward reward(config, context, models.placement, tokenizer, pad);
 
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));

@@ -140,6 +140,8 @@ DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, Me
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models.policy = models::load_causal_lm(config.model_name_or_path, load);
   check_vocab(models.policy->config().vocab_size, tokenizer, config.model_name_or_path);
+  check_sequence_length(models.policy->config(), config.max_seq_len, where + ": key 'max_seq_len'",
+                        config.model_name_or_path);
   models.policy->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
   apply_lora(*models.policy, config.model, config.common.only_optimize_lora);
   models.policy->train();

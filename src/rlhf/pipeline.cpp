@@ -4,8 +4,10 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/critic_free_trainer.h"
 #include "dschat/rlhf/dpo_trainer.h"
+#include "dschat/rlhf/output_gate.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/reward_gate.h"
 #include "dschat/rlhf/reward_trainer.h"
@@ -37,6 +39,36 @@ std::string format_hms(double seconds) {
   return text;
 }
 
+namespace {
+
+// Runs step `step` of the pipeline; its summary goes to result.summaries["step<N>"].
+void run_step(const PipelineConfig& config, int step, StepContext& context, PipelineResult& result) {
+  const std::string key = "step" + std::to_string(step);
+  if (step == 1) {
+    result.summaries[key] = run_sft(config.step1, context).to_json();
+  } else if (step == 2 && config.dpo()) {
+    // The policy and its reference start from step 1's trained model.
+    if (config.step2_dpo.model_name_or_path == config.step1.output_dir) context.random_init = false;
+    result.summaries[key] = run_dpo(config.step2_dpo, context).to_json();
+  } else if (step == 2 && config.critic_free()) {
+    if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) context.random_init = false;
+    result.summaries[key] = run_grpo(config.step2_grpo, context).to_json();
+  } else if (step == 2) {
+    // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
+    if (config.step2.model_name_or_path == config.step1.output_dir) context.random_init = false;
+    result.summaries[key] = run_reward(config.step2, context).to_json();
+  } else {
+    require_model(config.step3.actor_model_name_or_path, 1);
+    require_model(config.step3.critic_model_name_or_path, 2);
+    context.random_init = false;  // step 3 starts from the trained models
+    // Before PPO learns to exploit the reward model: refuses (or warns) by step3.reward_gate.
+    run_reward_gate(config, context);
+    result.summaries[key] = run_ppo(config.step3, context).to_json();
+  }
+}
+
+}  // namespace
+
 PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& context) {
   const auto start = Clock::now();
   PipelineResult result;
@@ -54,26 +86,20 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
     const auto step_start = Clock::now();
     StepContext step_context = context;
     if (!ran.empty()) step_context.resume_from.clear();  // --resume-from names the first step's tag
-    if (step == 1) {
-      result.summaries[key] = run_sft(config.step1, step_context).to_json();
-    } else if (step == 2 && config.dpo()) {
-      // The policy and its reference start from step 1's trained model.
-      if (config.step2_dpo.model_name_or_path == config.step1.output_dir) step_context.random_init = false;
-      result.summaries[key] = run_dpo(config.step2_dpo, step_context).to_json();
-    } else if (step == 2 && config.critic_free()) {
-      if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) step_context.random_init = false;
-      result.summaries[key] = run_grpo(config.step2_grpo, step_context).to_json();
-    } else if (step == 2) {
-      // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
-      if (config.step2.model_name_or_path == config.step1.output_dir) step_context.random_init = false;
-      result.summaries[key] = run_reward(config.step2, step_context).to_json();
-    } else {
-      require_model(config.step3.actor_model_name_or_path, 1);
-      require_model(config.step3.critic_model_name_or_path, 2);
-      step_context.random_init = false;  // step 3 starts from the trained models
-      // Before PPO learns to exploit the reward model: refuses (or warns) by step3.reward_gate.
-      run_reward_gate(config, step_context);
-      result.summaries[key] = run_ppo(config.step3, step_context).to_json();
+    try {
+      run_step(config, step, step_context, result);
+    } catch (const Interrupted&) {
+      throw;  // these three messages already say where the run resumes, or which checkpoints stay
+    } catch (const StepFailed&) {
+      throw;
+    } catch (const monitor::GuardianStop&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Every rank says which step failed and what it can resume from (a lost rank's collective
+      // error names the rank; this names the phase and the checkpoint).
+      core::log_error(key, " (", config.kind_of(step), ") failed: ", e.what(), "; ", checkpoint_note(output),
+                      "; the same command resumes from there");
+      throw;
     }
     ran.push_back(step);
     core::log_info("---=== Finished Step ", step, " in ",

@@ -113,6 +113,9 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   c.actor_model = o.get<std::string>("actor_model", c.actor_model);
   c.reward_model = o.get<std::string>("reward_model", c.reward_model);
   c.demo_report = o.get<bool>("demo_report", c.demo_report);
+  c.collective_timeout_seconds = core::check_range<int64_t>(
+      o, "collective_timeout_seconds", o.get<int64_t>("collective_timeout_seconds", c.collective_timeout_seconds), 1,
+      86400);
   c.deployment = read_one_of(o, "deployment", c.deployment, {"single_gpu", "single_node", "multi_node"});
   c.device = o.get<std::string>("device", c.device);
   DSCHAT_CHECK(core::is_device_name(c.device), ConfigError, o.at("device"), ": '", c.device,

@@ -86,6 +86,8 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   RlhfModels models = build_rlhf_models(config, total_iters, actor_gas, context);
   const torch::Device device = models.placement.trained.device;  // the actor's and the critic's
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
+  check_sequence_length(models.actor->actor()->config(), config.max_prompt_seq_len + config.max_answer_seq_len,
+                        where + ": keys 'max_prompt_seq_len' + 'max_answer_seq_len'", config.actor_model_name_or_path);
 
   monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   const fs::path ckpt = runner.checkpoint_dir();

@@ -130,6 +130,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
+  check_sequence_length(model->config(), config.max_seq_len, where + ": key 'max_seq_len'", config.model_name_or_path);
   model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
   apply_lora(*model, config.model, config.common.only_optimize_lora, {"v_head.weight"});
   model->train();

@@ -4,6 +4,7 @@
 #include "dschat/io/state_dict.h"
 #include "io/atomic_file.h"
 #include "dschat/models/load_save.h"
+#include "dschat/rlhf/output_gate.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/step_setup.h"
 
@@ -194,13 +195,19 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
   auto actor_params = trained_parameters(models.actor->training_engine(), context);
   std::map<std::string, torch::Tensor> critic_params;
   if (models.critic_engine) critic_params = trained_parameters(*models.critic_engine, context);
+  const auto updates = [](const engine::TrainingEngine& e) { return e.global_steps() - e.skipped_steps(); };
+  check_step_output(actor_params, updates(models.actor->training_engine()), output_dir, context);
+  if (models.critic_engine) check_step_output(critic_params, updates(*models.critic_engine), output_dir, context);
   if (context_rank(context) == 0) {
     const std::filesystem::path staging = staging_dir_for(output_dir);
-    io::remove_directory_tree(staging);
-    write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
-    if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
-    if (models.ema) write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
-    commit_step_output(staging, output_dir, summary);
+    write_staged(staging, [&] {
+      write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
+      if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
+      if (models.ema) {
+        write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
+      }
+      commit_step_output(staging, output_dir, summary);
+    });
   }
   if (context.communicator) context.communicator->barrier();
 }

@@ -88,6 +88,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
   check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
+  check_sequence_length(model->config(), config.max_seq_len, where + ": key 'max_seq_len'", config.model_name_or_path);
   model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
   apply_lora(*model, config.model, config.common.only_optimize_lora);
   model->train();

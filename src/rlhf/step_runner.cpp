@@ -7,6 +7,7 @@
 
 #include "core/json_object.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "io/atomic_file.h"
 #include "rlhf/step_runner_testing.h"
 #include "dschat/engine/checkpoint_shards.h"
@@ -267,8 +268,43 @@ void StepRunner::supersede_checkpoints_after(int64_t global_steps) {
 
 void StepRunner::finish() {
   wait_for_checkpoints();
-  if (context_rank(context_) == 0) io::remove_directory_tree(checkpoint_dir_);
+  if (context_rank(context_) == 0) remove_checkpoints_but_damaged();
   if (context_.communicator) context_.communicator->barrier();
+}
+
+void StepRunner::remove_checkpoints_but_damaged() {
+  // <tag>.corrupt directories (in the checkpoint dir or a part of it) are what a resume found
+  // damaged: they stay for inspection; everything else goes.
+  std::vector<fs::path> kept;
+  auto sweep = [&](const fs::path& dir, bool recurse_into_parts) {
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && core::ends_with(name, ".corrupt")) {
+        kept.push_back(entry.path());
+      } else if (recurse_into_parts && entry.is_directory() &&
+                 std::find(parts_.begin(), parts_.end(), name) != parts_.end()) {
+        continue;  // a part: swept below
+      } else {
+        io::remove_directory_tree(entry.path());
+      }
+    }
+  };
+  if (!fs::exists(checkpoint_dir_)) return;
+  sweep(checkpoint_dir_, true);
+  for (const std::string& part : parts_) {
+    if (part.empty() || !fs::exists(part_dir(part))) continue;
+    const size_t before = kept.size();
+    sweep(part_dir(part), false);
+    if (kept.size() == before) io::remove_directory_tree(part_dir(part));
+  }
+  if (kept.empty()) {
+    io::remove_directory_tree(checkpoint_dir_);
+    return;
+  }
+  std::vector<std::string> names;
+  for (const fs::path& path : kept) names.push_back(path.string());
+  core::log_warn(name_, ": finished; the damaged checkpoints found on resuming stay for inspection (delete them when "
+                 "done): ", core::join(names));
 }
 
 }  // namespace rlhf

@@ -1,5 +1,7 @@
 #include "dschat/rlhf/step_setup.h"
 
+#include <functional>
+
 #include <unistd.h>
 
 #include "core/log.h"
@@ -11,6 +13,7 @@
 #include "dschat/io/model_source.h"
 #include "dschat/nn/lora.h"
 #include "io/atomic_file.h"
+#include "dschat/rlhf/output_gate.h"
 
 namespace dschat {
 namespace rlhf {
@@ -215,6 +218,19 @@ void check_vocab(int64_t model_vocab, const tokenizer::Tokenizer& tokenizer, con
                tokenizer.vocab_size(), " ids; use the model's own tokenizer");
 }
 
+void check_sequence_length(const core::ModelConfig& config, int64_t tokens, const std::string& keys,
+                           const std::string& model) {
+  const int64_t positions = config.max_position_embeddings;
+  if (tokens <= positions) return;
+  const bool learned = config.architecture == core::Architecture::Opt ||
+                       config.architecture == core::Architecture::Gpt2 ||
+                       config.architecture == core::Architecture::GptNeo;
+  DSCHAT_CHECK(!learned, ConfigError, keys, " is ", tokens, " tokens, but ", model, " has a learned position table of ",
+               positions, " positions (max_position_embeddings); lower it to at most ", positions);
+  core::log_warn(keys, " is ", tokens, " tokens, beyond ", model, "'s max_position_embeddings ", positions,
+                 ": its positions past that were not trained");
+}
+
 std::map<std::string, torch::Tensor> trained_parameters(engine::TrainingEngine& engine, const StepContext& context) {
   std::map<std::string, torch::Tensor> params = engine.consolidated_parameters();  // collective
   engine.release_gathered_parameters();
@@ -251,6 +267,21 @@ fs::path staging_dir_for(const fs::path& dir) {
   return clean.parent_path() / (clean.filename().string() + ".saving." + std::to_string(::getpid()));
 }
 
+void write_staged(const fs::path& staging, const std::function<void()>& write) {
+  io::remove_directory_tree(staging);
+  try {
+    write();
+  } catch (...) {
+    // A full disk or a failed copy: the half-written staging directory goes, the old output stays.
+    try {
+      io::remove_directory_tree(staging);
+    } catch (const std::exception& e) {
+      core::log_warn(staging.string(), ": could not remove the partly written output: ", e.what());
+    }
+    throw;
+  }
+}
+
 void commit_step_output(const fs::path& staging, const fs::path& dir, const nlohmann::json& summary) {
   io::write_file_atomically(staging / "training_summary.json", summary.dump(2) + "\n");
   io::remove_directory_tree(dir);
@@ -264,11 +295,13 @@ void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig&
                         const tokenizer::Tokenizer& tokenizer, const fs::path& dir, const nlohmann::json& summary,
                         const StepContext& context) {
   std::map<std::string, torch::Tensor> params = trained_parameters(engine, context);
+  check_step_output(params, engine.global_steps() - engine.skipped_steps(), dir, context);
   if (context_rank(context) == 0) {
     const fs::path staging = staging_dir_for(dir);
-    io::remove_directory_tree(staging);
-    write_model_dir(params, config, tokenizer, staging);
-    commit_step_output(staging, dir, summary);
+    write_staged(staging, [&] {
+      write_model_dir(params, config, tokenizer, staging);
+      commit_step_output(staging, dir, summary);
+    });
   }
   if (context.communicator) context.communicator->barrier();
 }

@@ -5,6 +5,7 @@
 
 #include "dschat/core/json_file.h"
 #include "tiny_pipeline.h"
+#include "test_paths.h"  // DSCHAT_CLI_PATH
 
 namespace dschat {
 namespace {

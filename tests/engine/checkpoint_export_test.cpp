@@ -164,6 +164,14 @@ TEST(CheckpointInspection, ListAndVerifyReportEachTagsIntegrity) {
   EXPECT_NE(output.find("2 of 3 checkpoint tags are damaged"), std::string::npos) << output;
   EXPECT_NE(testing::run_command(cli + "verify " + (ckpt / "nothing").string(), &output), 0);
   EXPECT_NE(output.find("no such checkpoint directory"), std::string::npos) << output;
+
+  // `latest` naming a tag that is gone: list shows it missing, verify fails naming it.
+  std::ofstream(ckpt / "latest", std::ios::trunc) << "global_step9";
+  EXPECT_EQ(testing::run_command(cli + "list " + ckpt.path().string(), &output), 0) << output;
+  EXPECT_NE(output.find("global_step9 (latest)"), std::string::npos) << output;
+  EXPECT_NE(output.find("missing: no such tag"), std::string::npos) << output;
+  EXPECT_EQ(testing::run_command(cli + "verify " + ckpt.path().string(), &output), 1) << output;
+  EXPECT_NE(output.find("'latest' names global_step9, which is not there"), std::string::npos) << output;
 }
 
 TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {

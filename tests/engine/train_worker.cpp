@@ -31,6 +31,7 @@
 #include "dschat/models/load_save.h"
 #include "engine/checkpoint_testing.h"
 #include "../worker_args.h"
+#include "test_paths.h"  // DSCHAT_TEST_DATA_DIR
 
 namespace {
 

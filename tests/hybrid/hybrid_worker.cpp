@@ -21,6 +21,7 @@
 #include "dschat/inference/generate.h"
 #include "dschat/nn/lora.h"
 #include "../worker_args.h"
+#include "test_paths.h"  // DSCHAT_TEST_DATA_DIR
 
 namespace {
 

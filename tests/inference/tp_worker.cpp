@@ -18,6 +18,7 @@
 #include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/npy.h"
 #include "../worker_args.h"
+#include "test_paths.h"  // DSCHAT_TEST_DATA_DIR
 
 namespace {
 

@@ -315,7 +315,8 @@ TEST_F(SupervisedLoopTest, ASaveThatDoesNotFitFailsBeforeWritingAnything) {
 
 // Recovery: the newest tag damaged three ways (a flipped byte, a truncated file, no manifest).
 // The rerun moves it aside as <tag>.corrupt and resumes from the previous tag; stopped again and
-// finished, it ends with the parameters of an uninterrupted run, bit for bit.
+// finished, it ends with the parameters of an uninterrupted run, bit for bit, and keeps only the
+// .corrupt tag of its checkpoints.
 TEST_F(SupervisedLoopTest, ADamagedNewestTagFallsBackToThePreviousOne) {
   RunOptions options;
   options.checkpoint_interval = 1;
@@ -355,6 +356,10 @@ TEST_F(SupervisedLoopTest, ADamagedNewestTagFallsBackToThePreviousOne) {
     const Record finished = run(name, perturbed);
     ASSERT_TRUE(finished.resumed.has_value());
     EXPECT_EQ(finished.global_steps, 5);
+    // The finished step deletes its checkpoints but the damaged tag, kept for inspection.
+    EXPECT_TRUE(fs::is_directory(checkpoints(name) / "global_step4.corrupt"));
+    EXPECT_FALSE(fs::exists(checkpoints(name) / "global_step5"));
+    EXPECT_FALSE(fs::exists(checkpoints(name) / "latest"));
     for (const auto& [param, value] : straight.parameters) {
       EXPECT_TRUE(torch::equal(finished.parameters.at(param), value)) << param;
     }

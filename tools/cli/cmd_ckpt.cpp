@@ -2,8 +2,9 @@
 // (e.g. out/actor_checkpoints, or step 3's out/actor_checkpoints/actor), newest first, with their
 // global step, size and integrity. `list` checks that each manifest's files are there with their
 // sizes; `verify` also hashes every file (what a resume checks) and exits with status 1 when a
-// tag is damaged.
+// tag is damaged or `latest` names a tag that is not there.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -26,7 +27,21 @@ void run_ckpt(const std::string& dir, bool verify) {
                 static_cast<double>(s.bytes) / (1 << 20), s.fault.empty() ? "ok" : s.fault.c_str());
     damaged += s.fault.empty() ? 0 : 1;
   }
+  // `latest` naming a tag that is not there (deleted by hand, or a copy that missed it) is damage
+  // too: a resume cannot start where `latest` says.
+  std::string dangling;
+  if (std::filesystem::exists(std::filesystem::path(dir) / "latest")) {
+    const std::string latest = engine::latest_checkpoint_tag(dir);
+    bool listed = false;
+    for (const engine::CheckpointStatus& s : statuses) listed = listed || s.tag == latest;
+    if (!listed) {
+      dangling = latest;
+      std::printf("%-28s %10s %12s  %s\n", (latest + " (latest)").c_str(), "-", "-", "missing: no such tag");
+    }
+  }
   std::fflush(stdout);
+  DSCHAT_CHECK(!verify || dangling.empty(), FormatError, dir, ": 'latest' names ", dangling,
+               ", which is not there (a resume uses the newest intact tag instead)");
   DSCHAT_CHECK(!verify || damaged == 0, FormatError, dir, ": ", damaged, " of ", statuses.size(),
                " checkpoint tags are damaged (a resume moves them aside and uses the newest intact one)");
 }

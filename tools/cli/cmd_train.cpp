@@ -25,7 +25,8 @@ namespace {
 rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
   rlhf::StepContext context;
   context.local_rank = app::launcher_local_rank();
-  context.communicator = app::communicator_from_environment(app::pipeline_device(config, context.local_rank));
+  context.communicator = app::communicator_from_environment(app::pipeline_device(config, context.local_rank),
+                                                            std::chrono::seconds(config.collective_timeout_seconds));
   context.random_init = config.init == "random";
   context.tokenizer_dir = config.tokenizer;
   context.stop_requested = app::install_stop_signal_handler();
@@ -147,6 +148,10 @@ void run_eval_rm(const EvalRmFlags& e) {
 void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--config", f.config_file, "JSON config in the `dschat train` format (docs/config.md)");
   cmd.add_option("--output-dir", f.output_dir, "Where the models, checkpoints and logs go");
+  cmd.add_option("--collective-timeout", f.args.collective_timeout_seconds,
+                 "Seconds a rank waits in a collective for the others before the job fails naming the rank "
+                 "that stopped (default 300; the config's collective_timeout_seconds)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   cmd.add_option("--init", f.init, "'random': base models with random weights (real shapes, no download)");
   cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
   cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");

@@ -266,6 +266,10 @@ struct PipelineConfig {
   std::vector<int> steps = {1, 2, 3};
   /// End `dschat train` with the demo's held-out table (demo_report.h); configs/demo.json sets it.
   bool demo_report = false;
+  /// Seconds a collective (or the rendezvous) may wait for the other ranks before every rank
+  /// fails naming the rank that stopped answering (dist::Communicator). DeepSpeed's default is
+  /// 30 minutes; a training job wants to learn of a hung rank sooner.
+  int64_t collective_timeout_seconds = 300;
   SftConfig step1;
   RewardConfig step2;
   PpoConfig step3;

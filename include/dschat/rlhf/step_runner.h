@@ -101,7 +101,8 @@ class StepRunner {
   const std::string& name() const { return name_; }
 
   /// Removes the checkpoints once the model and its summary are in place, after waiting for the
-  /// pending writes (rank 0 removes; collective).
+  /// pending writes (rank 0 removes; collective). Tags a resume renamed <tag>.corrupt stay, with
+  /// a warning naming them, for inspection.
   void finish();
 
  private:
@@ -113,6 +114,7 @@ class StepRunner {
   // Why `tag` cannot be resumed from in some part of the step's checkpoint, or "" when it can.
   std::string fault_in_parts(const std::string& tag) const;
   void remove_old_tags();  // retention's deletions (rank 0)
+  void remove_checkpoints_but_damaged();  // finish()'s deletions (rank 0)
 
   std::string name_;
   std::filesystem::path checkpoint_dir_;

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -110,6 +111,13 @@ data::PromptDataOptions prompt_data_options(const DataConfig& data, int phase, u
 /// Checks that the model's embedding has a row for every token id (ConfigError naming both).
 void check_vocab(int64_t model_vocab, const tokenizer::Tokenizer& tokenizer, const std::string& model);
 
+/// Checks that sequences of `tokens` fit the model's positions: a learned position table (OPT,
+/// GPT-2, GPT-Neo) has max_position_embeddings rows, so a longer sequence is a ConfigError naming
+/// `keys` ("step 1 (SFT): key 'max_seq_len'"), the value and the limit; rotary and ALiBi models
+/// can run longer and get a warning.
+void check_sequence_length(const core::ModelConfig& config, int64_t tokens, const std::string& keys,
+                           const std::string& model);
+
 /// Collective: the module's full parameters (ZeRO-3 partitions gathered) with LoRA fused, on the
 /// CPU, by Hugging Face name. Ranks other than 0 get an empty map.
 std::map<std::string, torch::Tensor> trained_parameters(engine::TrainingEngine& engine, const StepContext& context);
@@ -124,13 +132,18 @@ void write_model_dir(const std::map<std::string, torch::Tensor>& params, const c
 /// "<dir>.saving.<pid>": where a step's output is assembled before commit_step_output.
 std::filesystem::path staging_dir_for(const std::filesystem::path& dir);
 
+/// Clears `staging`, runs `write` (which fills it and commits it); if `write` throws (a full disk),
+/// removes what it left in `staging` and rethrows, so no "<dir>.saving.<pid>" stays behind.
+void write_staged(const std::filesystem::path& staging, const std::function<void()>& write);
+
 /// Writes `summary` as <staging>/training_summary.json, then replaces `dir` with `staging` (a
 /// crash leaves the old directory or none, never a half-written one).
 void commit_step_output(const std::filesystem::path& staging, const std::filesystem::path& dir,
                         const nlohmann::json& summary);
 
-/// Collective: trained_parameters + write_model_dir + commit_step_output by rank 0 (one model
-/// per step directory, as steps 1 and 2 save), then a barrier.
+/// Collective: trained_parameters, the output gate (rlhf/output_gate.h: a diverged or untrained
+/// model throws StepFailed on every rank), write_model_dir + commit_step_output by rank 0 (one
+/// model per step directory, as steps 1 and 2 save), then a barrier.
 void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig& config,
                         const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& dir,
                         const nlohmann::json& summary, const StepContext& context);

@@ -82,6 +82,8 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
     // The file's "preset" says what it is merged over: "auto" (default) the preset of
     // (deployment, actor, reward), "demo" the embedded demo, "none" DeepSpeed-Chat's defaults.
     nlohmann::json file = args.config_file ? core::read_json_file(*args.config_file) : nlohmann::json::object();
+    DSCHAT_CHECK(file.is_object(), ConfigError, *args.config_file, ": a dschat config is a JSON object ({...}), got ",
+                 file.type_name());
     const std::string preset = file.is_object() ? file.value("preset", std::string("auto")) : "auto";
     if (file.is_object()) file.erase("preset");
     if (preset == "demo") {
@@ -112,6 +114,7 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
   }
   if (args.output_dir) json["output_dir"] = *args.output_dir;
   if (args.init) json["init"] = *args.init;
+  if (args.collective_timeout_seconds) json["collective_timeout_seconds"] = *args.collective_timeout_seconds;
   if (args.tokenizer) json["tokenizer"] = *args.tokenizer;
   if (args.pipeline) json["pipeline"] = *args.pipeline;
   if (args.critic_free_step) {
@@ -164,13 +167,14 @@ std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
   return out;
 }
 
-std::shared_ptr<dist::Communicator> communicator_from_environment(const torch::Device& device) {
+std::shared_ptr<dist::Communicator> communicator_from_environment(const torch::Device& device,
+                                                                  std::chrono::milliseconds timeout) {
   const dist::LaunchEnv env = dist::LaunchEnv::from_environment();
   // Before the communicator: NCCL binds its communicators to the current device.
   core::set_current_device(device);
   if (env.world_size <= 1) return nullptr;
   const dist::Backend backend = device.is_cuda() ? dist::Backend::Nccl : dist::Backend::Gloo;
-  return std::make_shared<dist::Communicator>(dist::Communicator::create(env, backend));
+  return std::make_shared<dist::Communicator>(dist::Communicator::create(env, backend, timeout));
 }
 
 int64_t launcher_local_rank() {

@@ -4,6 +4,7 @@
 // file and flags over it, resolve the demo's bundled paths, join the launcher's job, and turn
 // Ctrl-C into a stop request the trainers answer by saving a checkpoint.
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@ struct TrainArguments {
   int64_t local_rank = -1;
   std::vector<int> steps;
   std::vector<std::string> data_path;
+  std::optional<int64_t> collective_timeout_seconds;  // --collective-timeout
   /// `dschat grpo`: unless the file names a critic-free pipeline, the one of step2_grpo's
   /// advantage_estimator (sft-grpo by default).
   bool critic_free_step = false;
@@ -56,7 +58,9 @@ nlohmann::json plan_json(const TrainArguments& args, const std::filesystem::path
 /// The data-parallel job this process belongs to (torchrun / mpirun / srun / `dschat launch`
 /// variables), or null for a single process. With a CUDA `device` the GPU is made current first
 /// and the communicator gets NCCL for CUDA tensors (Gloo always serves CPU tensors).
-std::shared_ptr<dist::Communicator> communicator_from_environment(const torch::Device& device = torch::kCPU);
+/// `timeout`: how long a collective waits for the other ranks (the config's collective_timeout_seconds).
+std::shared_ptr<dist::Communicator> communicator_from_environment(
+    const torch::Device& device = torch::kCPU, std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
 /// LOCAL_RANK of the launcher that started this process, or -1 when none did.
 int64_t launcher_local_rank();
