@@ -115,6 +115,7 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.keep_checkpoints = read_min(o, "keep_checkpoints", c.keep_checkpoints, 0);
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
+  c.elastic_resume = read_choice(o, "elastic_resume", c.elastic_resume, {"exact", "allow"});
   read_guardian(o, c.guardian);
 }
 

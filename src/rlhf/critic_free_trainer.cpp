@@ -89,6 +89,8 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   GrpoResult result;
   GuardedRun guard(config.common.guardian, where, runner, &metrics, context.communicator);
   int64_t start_epoch = 0, skip_batches = 0, step = 0;
+  // "batch" counts prompt batches of gen_bs per rank (a step takes as many as its pool needs).
+  const DataLayout prompt_layout{world, gen_bs, 1};
   // Restores the position and the result's history from a checkpoint's state (a resume, or the
   // guardian's snapshot).
   const auto restore = [&](const fs::path& dir, const std::string& tag_or_latest) {
@@ -96,7 +98,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
     const std::string tag = state.at("tag").get<std::string>();
     load_ema_checkpoint(models, dir / "ema", tag);
     start_epoch = state.at("epoch").get<int64_t>();
-    skip_batches = state.at("batch").get<int64_t>();
+    skip_batches = resume_micro_batch(state, prompt_layout, config.common.elastic_resume == "allow", where);
     step = state.at("step").get<int64_t>();
     result.step_rewards = state.at("step_rewards").get<std::vector<double>>();
     result.step_group_std = state.at("step_group_std").get<std::vector<double>>();
@@ -114,7 +116,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   const auto save_state = [&](const fs::path& dir, const std::string& tag, int64_t epoch, int64_t next_batch,
                               engine::AsyncCheckpointWriter* background) {
     if (models.ema && rank == 0) save_ema_checkpoint(dir / "ema", tag, module_parameters(*models.ema), background);
-    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard);
+    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard, prompt_layout);
     state["tag"] = tag;
     state["step_rewards"] = result.step_rewards;
     state["step_group_std"] = result.step_group_std;

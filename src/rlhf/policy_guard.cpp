@@ -21,10 +21,11 @@ std::optional<data::PromptBatch> heldout_prompt_batch(const data::TokenizedDatas
 }
 
 nlohmann::json policy_position_state(int64_t epoch, int64_t next_batch, int64_t steps_per_epoch, int64_t step,
-                                     const GuardedRun& guard) {
+                                     const GuardedRun& guard, const DataLayout& layout) {
   const bool epoch_done = next_batch >= steps_per_epoch;
   return {{"epoch", epoch_done ? epoch + 1 : epoch},
           {"batch", epoch_done ? 0 : next_batch},
+          {data_layout_key(), layout.to_json()},
           {"step", step},
           {"guardian", guard.guardian().state()}};
 }

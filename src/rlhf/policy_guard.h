@@ -16,6 +16,7 @@
 #include "dschat/data/tokenized_dataset.h"
 #include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/guarded_run.h"
+#include "rlhf/data_layout.h"
 
 namespace dschat {
 namespace rlhf {
@@ -37,10 +38,11 @@ std::optional<data::PromptBatch> heldout_prompt_batch(const data::TokenizedDatas
                                                       const torch::Device& device);
 
 /// A policy loop's checkpoint keys for the position after prompt batch `next_batch - 1` of
-/// `epoch` ({"epoch", "batch"}: the next epoch's start after its last batch), "step" and the
-/// guardian's state; the trainer adds its own keys.
+/// `epoch` ({"epoch", "batch"}: the next epoch's start after its last batch), the prompt-batch
+/// layout "batch" counts in (rlhf/data_layout.h), "step" and the guardian's state; the trainer
+/// adds its own keys.
 nlohmann::json policy_position_state(int64_t epoch, int64_t next_batch, int64_t steps_per_epoch, int64_t step,
-                                     const GuardedRun& guard);
+                                     const GuardedRun& guard, const DataLayout& layout);
 
 /// Starts the guard of a policy loop at `step` (0, or a resumed step): a confirmation lag of one
 /// step, the first snapshot (`snapshot(true)`: the state the run starts from is trusted), and the

@@ -97,6 +97,8 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   GuardedRun guard(config.common.guardian, where, runner, &metrics, context.communicator);
   int64_t start_epoch = 0, skip_batches = 0, step = 0;
   bool have_reward_ema = false;
+  // "batch" counts prompt batches of gen_bs per rank; generation_batches of them make a step.
+  const DataLayout prompt_layout{world, gen_bs, config.generation_batches};
   // Restores the three models, the position and the reward history from a checkpoint's state (a
   // resume, or the guardian's snapshot); tag "" is the actor's latest.
   const auto restore = [&](const fs::path& dir, const std::string& tag_or_latest) {
@@ -106,7 +108,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
     models.critic_engine->load_checkpoint(dir / "critic", tag);
     load_ema_checkpoint(models, dir / "ema", tag);
     start_epoch = state.at("epoch").get<int64_t>();
-    skip_batches = state.at("batch").get<int64_t>();
+    skip_batches = resume_micro_batch(state, prompt_layout, config.common.elastic_resume == "allow", where);
     step = state.at("step").get<int64_t>();
     result.reward_ema = state.at("reward_ema").get<double>();
     result.step_rewards = state.at("step_rewards").get<std::vector<double>>();
@@ -127,7 +129,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
                               engine::AsyncCheckpointWriter* background) {
     models.critic_engine->save_checkpoint(dir / "critic", tag, nlohmann::json::object(), background);
     if (models.ema && rank == 0) save_ema_checkpoint(dir / "ema", tag, module_parameters(*models.ema), background);
-    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard);
+    nlohmann::json state = policy_position_state(epoch, next_batch, steps_per_epoch, step, guard, prompt_layout);
     state["tag"] = tag;
     state["reward_ema"] = result.reward_ema;
     state["step_rewards"] = result.step_rewards;

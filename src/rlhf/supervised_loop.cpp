@@ -12,6 +12,7 @@
 #include "dschat/monitor/throughput.h"
 #include "dschat/rlhf/guarded_run.h"
 #include "dschat/rlhf/step_setup.h"
+#include "rlhf/data_layout.h"
 #include "rlhf/policy_guard.h"
 
 namespace dschat {
@@ -20,14 +21,22 @@ namespace {
 
 // A checkpoint's client state: the trainer's keys, the data position a resume skips to and the
 // guardian's state.
-nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, GuardedRun* guard, int64_t epoch,
-                                int64_t batch) {
+// The layout the engine trains with: its ranks, micro-batch rows and accumulation steps.
+DataLayout layout_of(const engine::TrainingEngine& engine) {
+  return {engine.communicator() ? engine.communicator()->world_size() : 1,
+          engine.config().train_micro_batch_size_per_gpu, engine.config().gradient_accumulation_steps};
+}
+
+nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, GuardedRun* guard,
+                                const engine::TrainingEngine& engine, int64_t epoch, int64_t batch) {
   nlohmann::json state = settings.client_state ? settings.client_state() : nlohmann::json::object();
-  DSCHAT_CHECK(state.is_object() && !state.contains("epoch") && !state.contains("batch") && !state.contains("guardian"),
+  DSCHAT_CHECK(state.is_object() && !state.contains("epoch") && !state.contains("batch") &&
+                   !state.contains("guardian") && !state.contains(data_layout_key()),
                InvalidArgument, "SupervisedLoop: client_state must be a JSON object without the loop's keys 'epoch', "
-               "'batch' and 'guardian', got ", state.dump());
+               "'batch', 'guardian' and '", data_layout_key(), "', got ", state.dump());
   state["epoch"] = epoch;
-  state["batch"] = batch;
+  state["batch"] = batch;  // micro-batches of this rank, in the layout saved beside it
+  state[data_layout_key()] = layout_of(engine).to_json();
   if (guard) state["guardian"] = guard->guardian().state();
   return state;
 }
@@ -131,11 +140,12 @@ struct LoopState {
   GuardedRun* guard;  // null: no guardian
 
   void save(engine::AsyncCheckpointWriter* background, int64_t epoch, int64_t batch) {
-    engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, guard, epoch, batch), background);
+    engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, guard, engine, epoch, batch),
+                           background);
   }
   void snapshot(int64_t epoch, int64_t batch) {
     guard->take_snapshot(engine.global_steps(), [&](const std::filesystem::path& dir, const std::string& tag) {
-      engine.save_checkpoint(dir, tag, checkpoint_state(settings, guard, epoch, batch), nullptr);
+      engine.save_checkpoint(dir, tag, checkpoint_state(settings, guard, engine, epoch, batch), nullptr);
     });
   }
 };
@@ -212,6 +222,7 @@ void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t se
 
 void SupervisedLoopSettings::use_step_config(const CommonStepConfig& common, const StepContext& context) {
   epochs = common.num_train_epochs;
+  allow_global_batch_change = common.elastic_resume == "allow";
   guardian = common.guardian;
   seed = common.seed;
   progress_interval = common.print_interval;
@@ -234,7 +245,9 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
     core::HostSync sync("step setup (models, engines, data)");
     at.client_state = engine.load_checkpoint(runner.checkpoint_dir());
     at.epoch = at.client_state.at("epoch").get<int64_t>();
-    at.micro_batch = at.client_state.at("batch").get<int64_t>();
+    // Counted in this run's layout: another world size or micro-batch continues at the same sample.
+    at.micro_batch =
+        resume_micro_batch(at.client_state, layout_of(engine), settings.allow_global_batch_change, runner.name());
     start_epoch = at.epoch;
     skip = at.micro_batch;
     if (guard && at.client_state.contains("guardian")) guard->guardian().load_state(at.client_state.at("guardian"));

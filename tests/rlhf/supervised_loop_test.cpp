@@ -529,7 +529,7 @@ TEST_F(SupervisedLoopTest, RefusesAClientStateThatWouldOverwriteThePosition) {
   RunOptions options;
   options.checkpoint_interval = 1;
   options.extra_client_state = {{"batch", 99}};
-  EXPECT_THROW_WITH(run("clash", options), core::InvalidArgument, "'epoch', 'batch' and 'guardian'");
+  EXPECT_THROW_WITH(run("clash", options), core::InvalidArgument, "'epoch', 'batch', 'guardian' and 'data_layout'");
 }
 
 }  // namespace

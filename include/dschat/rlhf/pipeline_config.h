@@ -86,6 +86,10 @@ struct CommonStepConfig {
   /// Ours: the training-health guardian's signals and actions (the "guardian" block,
   /// docs/guardian.md).
   monitor::GuardianConfig guardian;
+  /// Ours: a resume whose global batch (rows x GAS x ranks) differs from its checkpoint's:
+  /// "exact" refuses it, "allow" goes on from the same sample (another world size with the same
+  /// global batch always continues exactly).
+  std::string elastic_resume = "exact";
 };
 
 struct SftConfig {

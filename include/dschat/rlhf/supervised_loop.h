@@ -3,8 +3,10 @@
 // user's own supervised or pairwise trainer (DPO, ...). The trainer supplies its batches, its
 // forward + loss and its reports; the loop owns what must be identical everywhere for an
 // interrupted run to resume bit for bit:
-//   * resume: the engine checkpoint's client state {"epoch", "batch", ...the trainer's keys},
-//     the micro-batches of that epoch already consumed are fetched and skipped;
+//   * resume: the engine checkpoint's client state {"epoch", "batch", "data_layout", ...the
+//     trainer's keys}, the micro-batches of that epoch already consumed are fetched and skipped;
+//     on another world size or micro-batch size the position is converted, so the run goes on
+//     at the first unseen sample of the epoch's order (src/rlhf/data_layout.h);
 //   * per micro-batch: engine.backward(loss), engine.step(); at the end of each accumulation
 //     window: an evaluation every eval_interval steps, runner.after_optimizer_step with a
 //     checkpoint of the position (Ctrl-C, checkpoint_interval);
@@ -133,6 +135,9 @@ struct SupervisedLoopSettings {
   /// epochs, progress_interval, plain_progress, guardian and seed from a step's config
   /// (num_train_epochs, print_interval, guardian, seed) and context (progress bars or plain lines).
   void use_step_config(const CommonStepConfig& common, const StepContext& context);
+  /// A resume whose global batch (rows x GAS x ranks) differs from the checkpoint's goes on
+  /// instead of being refused (the step's elastic_resume "allow"; src/rlhf/data_layout.h).
+  bool allow_global_batch_change = false;
   static monitor::GuardianConfig disabled_guardian() {
     monitor::GuardianConfig off;
     off.enabled = false;
