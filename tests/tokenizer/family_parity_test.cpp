@@ -28,45 +28,18 @@ namespace tokenizer {
 namespace {
 
 using parity::CaseSet;
-using testing::TempDir;
 
 class FamilyParity : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = std::make_unique<TempDir>();
-    std::string command = std::string(DSCHAT_PYTHON) + " " +
-                          (testing::source_dir() / "tests/tokenizer/make_family_cases.py").string() + " --gpt2 " +
-                          (testing::source_dir() / "assets/gpt2-bpe").string() + " --out " + out().string();
-    status_ = testing::run_command(command, &output_);
-    if (status_ == 0) sets_ = parity::load_sets(out() / "manifest.json");
-  }
-  static void TearDownTestSuite() {
-    sets_.clear();
-    dir_.reset();
-  }
-  static std::filesystem::path out() { return dir_->path() / "cases"; }
+  static void SetUpTestSuite() { run_.start("make_family_cases.py"); }
+  static void TearDownTestSuite() { run_.stop(); }
+  const CaseSet& set(const std::string& name) { return run_.set(name); }
+  static std::filesystem::path out() { return run_.out(); }
 
-  const CaseSet& set(const std::string& name) {
-    EXPECT_EQ(status_, 0) << "make_family_cases.py failed:\n" << output_;
-    for (const CaseSet& s : sets_) {
-      if (s.name == name) return s;
-    }
-    static const CaseSet empty;
-    ADD_FAILURE() << "no case set '" << name << "'";
-    return empty;
-  }
-
-  // decode(encode(text)) == text for every line: byte-level pipelines without a normalizer.
-  static std::unique_ptr<TempDir> dir_;
-  static int status_;
-  static std::string output_;
-  static std::vector<CaseSet> sets_;
+  static parity::OracleRun run_;
 };
 
-std::unique_ptr<TempDir> FamilyParity::dir_;
-int FamilyParity::status_ = -1;
-std::string FamilyParity::output_;
-std::vector<CaseSet> FamilyParity::sets_;
+parity::OracleRun FamilyParity::run_;
 
 TEST_F(FamilyParity, Qwen2SplitRegexMatchesTokenizers) { parity::check_set(set("qwen2"), 1900); }
 
@@ -96,7 +69,7 @@ TEST_F(FamilyParity, Llama3PrependsBeginOfText) {
 }
 
 TEST_F(FamilyParity, SplitBehaviorsDigitsWhitespaceSplitAndNormalizersMatchTokenizers) {
-  EXPECT_EQ(status_, 0) << output_;
+  EXPECT_EQ(run_.status(), 0) << run_.output();
   std::ifstream in(out() / "split_cases.jsonl");
   std::string text;
   size_t compared = 0, mismatches = 0;
@@ -125,7 +98,7 @@ TEST_F(FamilyParity, SplitBehaviorsDigitsWhitespaceSplitAndNormalizersMatchToken
 }
 
 TEST_F(FamilyParity, LowercaseOfEveryCodePointMatchesTokenizers) {
-  EXPECT_EQ(status_, 0) << output_;
+  EXPECT_EQ(run_.status(), 0) << run_.output();
   // lowercase.tsv: "hex<TAB>hex hex..." for each code point that `tokenizers` changes.
   std::unordered_map<char32_t, std::string> changed;
   std::ifstream in(out() / "lowercase.tsv");
@@ -155,7 +128,7 @@ TEST_F(FamilyParity, LowercaseOfEveryCodePointMatchesTokenizers) {
 }
 
 TEST_F(FamilyParity, UnicodeFormsOfEveryCodePointMatchTokenizers) {
-  EXPECT_EQ(status_, 0) << output_;
+  EXPECT_EQ(run_.status(), 0) << run_.output();
   // normalized.tsv: "FORM<TAB>hex<TAB>hex hex..." for each code point a form changes.
   std::map<std::string, std::unordered_map<char32_t, std::string>> changed;
   std::ifstream in(out() / "normalized.tsv");
@@ -188,7 +161,7 @@ TEST_F(FamilyParity, UnicodeFormsOfEveryCodePointMatchTokenizers) {
 }
 
 TEST_F(FamilyParity, WhitespaceAndPunctuationOfEveryCodePointMatchTokenizers) {
-  EXPECT_EQ(status_, 0) << output_;
+  EXPECT_EQ(run_.status(), 0) << run_.output();
   // Two bytes per code point c: Whitespace on "a" + c gives w (one word), s (c removed) or o
   // (c apart); Punctuation gives p (c isolated) or n.
   std::ifstream in(out() / "pre_tokenizer_classes.bin", std::ios::binary);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,6 +50,47 @@ inline std::vector<CaseSet> load_sets(const std::filesystem::path& manifest_path
   }
   return sets;
 }
+
+/// The case sets one oracle script (tests/tokenizer/<script>) writes into a temp dir, made once
+/// per test suite: start() in SetUpTestSuite, stop() in TearDownTestSuite.
+class OracleRun {
+ public:
+  void start(const std::string& script) {
+    script_ = script;
+    dir_ = std::make_unique<testing::TempDir>();
+    const std::filesystem::path out = this->out();
+    const std::string command = std::string(DSCHAT_PYTHON) + " " +
+                                (testing::source_dir() / "tests/tokenizer" / script).string() + " --gpt2 " +
+                                (testing::source_dir() / "assets/gpt2-bpe").string() + " --out " + out.string();
+    status_ = testing::run_command(command, &output_);
+    if (status_ == 0) sets_ = load_sets(out / "manifest.json");
+  }
+  void stop() {
+    sets_.clear();
+    dir_.reset();
+  }
+  /// Where the script wrote (its other files beside the case sets), its exit status and output.
+  std::filesystem::path out() const { return dir_->path() / "cases"; }
+  int status() const { return status_; }
+  const std::string& output() const { return output_; }
+  /// The set called `name` (a test failure, and an empty set, when the script failed or lacks it).
+  const CaseSet& set(const std::string& name) const {
+    EXPECT_EQ(status_, 0) << script_ << " failed:\n" << output_;
+    for (const CaseSet& s : sets_) {
+      if (s.name == name) return s;
+    }
+    static const CaseSet empty;
+    ADD_FAILURE() << "no case set '" << name << "'";
+    return empty;
+  }
+
+ private:
+  std::string script_;
+  std::unique_ptr<testing::TempDir> dir_;
+  int status_ = -1;
+  std::string output_;
+  std::vector<CaseSet> sets_;
+};
 
 /// Compares encode (with and without special tokens) and decode (with and without
 /// skip_special_tokens) of every line; reports the first mismatches. Returns the number of

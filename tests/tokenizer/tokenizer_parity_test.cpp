@@ -17,47 +17,20 @@ namespace tokenizer {
 namespace {
 
 using parity::CaseSet;
-using testing::TempDir;
 
 class TokenizerParity : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = std::make_unique<TempDir>();
-    std::string command = std::string(DSCHAT_PYTHON) + " " +
-                          (testing::source_dir() / "tests/tokenizer/make_tokenizer_cases.py").string() + " --gpt2 " +
-                          (testing::source_dir() / "assets/gpt2-bpe").string() + " --out " +
-                          (dir_->path() / "cases").string();
-    status_ = testing::run_command(command, &output_);
-    if (status_ == 0) sets_ = parity::load_sets(dir_->path() / "cases/manifest.json");
-  }
-  static void TearDownTestSuite() {
-    sets_.clear();
-    dir_.reset();
-  }
-
-  const CaseSet& set(const std::string& name) {
-    EXPECT_EQ(status_, 0) << "make_tokenizer_cases.py failed:\n" << output_;
-    for (const CaseSet& s : sets_) {
-      if (s.name == name) return s;
-    }
-    static const CaseSet empty;
-    ADD_FAILURE() << "no case set '" << name << "'";
-    return empty;
-  }
+  static void SetUpTestSuite() { run_.start("make_tokenizer_cases.py"); }
+  static void TearDownTestSuite() { run_.stop(); }
+  const CaseSet& set(const std::string& name) { return run_.set(name); }
 
   // Compares every line of `name`; returns the number of encoded strings compared.
   size_t check_set(const std::string& name, size_t min_cases) { return parity::check_set(set(name), min_cases); }
 
-  static std::unique_ptr<TempDir> dir_;
-  static int status_;
-  static std::string output_;
-  static std::vector<CaseSet> sets_;
+  static parity::OracleRun run_;
 };
 
-std::unique_ptr<TempDir> TokenizerParity::dir_;
-int TokenizerParity::status_ = -1;
-std::string TokenizerParity::output_;
-std::vector<CaseSet> TokenizerParity::sets_;
+parity::OracleRun TokenizerParity::run_;
 
 TEST_F(TokenizerParity, Gpt2MatchesTransformersOnTenThousandStrings) { check_set("gpt2", 10000); }
 
