@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dschat/core/error.h"
+#include "dschat/dist/activity.h"
 
 namespace dschat {
 namespace dist {
@@ -65,6 +66,8 @@ void PeerMonitor::heartbeat_loop() {
   while (!stopping_) {
     lock.unlock();
     bump(key("beat", rank_));
+    const std::string activity = current_activity();
+    if (activity != published_activity_ && link_.set(key("activity", rank_), activity)) published_activity_ = activity;
     sample_if_collective_is_long();
     lock.lock();
     wake_.wait_for(lock, timing_.beat, [&] { return stopping_; });
@@ -108,6 +111,12 @@ std::string PeerMonitor::store_gone() const {
   return "the rendezvous store at " + store_address_ +
          " does not answer either: rank 0, which serves it, is gone or hung (its process died or stopped, "
          "or its host is unreachable)";
+}
+
+std::string PeerMonitor::activity_clause(int64_t rank) {
+  const std::optional<std::string> text = link_.get_if_set(key("activity", rank));
+  if (!text || text->empty()) return "";
+  return "rank " + std::to_string(rank) + "'s last activity: " + *text;
 }
 
 std::string PeerMonitor::diagnose_failure() {
@@ -159,6 +168,15 @@ std::string PeerMonitor::diagnose_failure() {
     clauses.push_back(
         "every other rank's heartbeat is still advancing, so none died: one is alive but did not join this "
         "collective (collectives called in a different order on different ranks, or a rank stuck in other work)");
+    // Where each one is: the rank stuck in other work names itself here.
+    for (int64_t rank = 0; rank < world_size_; ++rank) {
+      const std::string clause = rank == rank_ ? std::string() : activity_clause(rank);
+      if (!clause.empty()) clauses.push_back(clause);
+    }
+  }
+  for (int64_t rank : lost) {
+    const std::string clause = activity_clause(rank);
+    if (!clause.empty()) clauses.push_back(clause);
   }
   std::string text;
   for (const std::string& clause : clauses) text += (text.empty() ? "" : "; ") + clause;

@@ -11,6 +11,8 @@
 //   dschat/lost/<r>    some rank found r's heartbeat stopped
 //   dschat/done/<r>    r finished its diagnosis (rank 0 keeps the store up until all have)
 //   dschat/left/<r>    r destroyed its communicator normally
+//   dschat/activity/<r> r's last activity (dschat/dist/activity.h), republished by its heartbeat
+//                      thread when it changes, so a diagnosis says where a stalled rank was
 // Every store call here has a short timeout: an unanswered store means its server is gone.
 
 #include <chrono>
@@ -74,6 +76,8 @@ class PeerMonitor {
   bool bump(const std::string& key);
   bool read_beats(Sample* sample);
   std::string store_gone() const;
+  // "rank r's last activity: ..." ("" when it published none or the store does not answer).
+  std::string activity_clause(int64_t rank);
 
   int64_t rank_;
   int64_t world_size_;
@@ -83,6 +87,7 @@ class PeerMonitor {
   std::chrono::milliseconds sample_after_;  // how long a collective runs before the thread samples
 
   StoreLink link_;
+  std::string published_activity_;  // the heartbeat thread's own
 
   std::mutex state_mutex_;  // guards everything below
   std::condition_variable wake_;

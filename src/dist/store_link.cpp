@@ -15,9 +15,8 @@ namespace dist {
 namespace {
 
 struct Job {
-  std::string key;
-  int64_t delta = 0;
-  std::shared_ptr<std::promise<int64_t>> result;  // shared: a caller that gave up may be gone
+  std::function<void(c10d::Store&)> work;
+  std::shared_ptr<std::promise<void>> done;  // shared: a caller that gave up may be gone
 };
 
 }  // namespace
@@ -72,32 +71,55 @@ void StoreLink::serve(std::shared_ptr<Shared> shared) {
       shared->jobs.pop_front();
     }
     try {
-      job.result->set_value(shared->client->add(job.key, job.delta));
+      job.work(*shared->client);
+      job.done->set_value();
     } catch (...) {
-      job.result->set_exception(std::current_exception());
+      job.done->set_exception(std::current_exception());
     }
   }
   shared->exited.set_value();
 }
 
-std::optional<int64_t> StoreLink::add(const std::string& key, int64_t delta) {
-  auto result = std::make_shared<std::promise<int64_t>>();
-  std::future<int64_t> answer = result->get_future();
+bool StoreLink::call(std::function<void(c10d::Store&)> work) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> answer = done->get_future();
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->lost) return std::nullopt;
-    shared_->jobs.push_back({key, delta, result});
+    if (shared_->lost) return false;
+    shared_->jobs.push_back({std::move(work), done});
   }
   shared_->wake.notify_all();
   if (answer.wait_for(timeout_) == std::future_status::ready) {
     try {
-      return answer.get();
+      answer.get();
+      return true;
     } catch (const std::exception&) {  // the server is gone: later calls would fail the same way
     }
   }
   std::lock_guard<std::mutex> lock(shared_->mutex);
   shared_->lost = true;
-  return std::nullopt;
+  return false;
+}
+
+std::optional<int64_t> StoreLink::add(const std::string& key, int64_t delta) {
+  auto value = std::make_shared<int64_t>(0);
+  if (!call([key, delta, value](c10d::Store& store) { *value = store.add(key, delta); })) return std::nullopt;
+  return *value;
+}
+
+bool StoreLink::set(const std::string& key, const std::string& text) {
+  return call([key, text](c10d::Store& store) { store.set(key, std::vector<uint8_t>(text.begin(), text.end())); });
+}
+
+std::optional<std::string> StoreLink::get_if_set(const std::string& key) {
+  auto text = std::make_shared<std::string>();
+  const bool answered = call([key, text](c10d::Store& store) {
+    if (!store.check({key})) return;  // get() would wait for the key
+    const std::vector<uint8_t> bytes = store.get(key);
+    text->assign(bytes.begin(), bytes.end());
+  });
+  if (!answered) return std::nullopt;
+  return *text;
 }
 
 }  // namespace dist

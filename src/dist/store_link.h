@@ -8,11 +8,16 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+
+namespace c10d {
+class Store;
+}
 
 namespace dschat {
 namespace dist {
@@ -29,10 +34,18 @@ class StoreLink {
   /// store.add(key, delta): the new value (delta 0 reads a counter, creating it at 0), or nullopt
   /// when the store failed or did not answer in time, then and on every later call.
   std::optional<int64_t> add(const std::string& key, int64_t delta);
+  /// store.set(key, text); false when the store failed or did not answer in time.
+  bool set(const std::string& key, const std::string& text);
+  /// The text under `key` ("" when nobody set it; never blocks on a missing key), or nullopt
+  /// when the store failed or did not answer in time.
+  std::optional<std::string> get_if_set(const std::string& key);
 
  private:
   struct Shared;
   static void serve(std::shared_ptr<Shared> shared);
+  // Runs `work` on the serving thread within the deadline; false (then for good) when it failed
+  // or timed out. `work` owns what it writes (a caller that gave up may be gone).
+  bool call(std::function<void(c10d::Store&)> work);
 
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Shared> shared_;

@@ -87,6 +87,15 @@ TrainingEngine::~TrainingEngine() = default;
 
 nn::LayerParameterHooks* TrainingEngine::layer_parameter_hooks() { return zero_->layer_hooks(); }
 
+torch::Tensor TrainingEngine::non_finite_weight_count() const {
+  torch::Tensor count;  // []
+  for (const ZeroOptimizer::OwnedPiece& piece : zero_->owned_pieces()) {
+    torch::Tensor bad = torch::logical_not(torch::isfinite(piece.value)).sum();  // []
+    count = count.defined() ? count + bad.to(count.device()) : bad;
+  }
+  return count.defined() ? count : torch::zeros({}, torch::kInt64);
+}
+
 int64_t TrainingEngine::rank() const { return options_.communicator ? options_.communicator->rank() : 0; }
 int64_t TrainingEngine::world_size() const {
   return options_.communicator ? options_.communicator->world_size() : 1;

@@ -139,9 +139,14 @@ GuardianVerdict Guardian::observe(const StepFigures& f) {
 
   const bool loss_bad = f.loss && !std::isfinite(*f.loss);
   const bool grad_bad = f.grad_norm && (!std::isfinite(*f.grad_norm) || *f.grad_norm < 0.0);
-  fire(verdict, step, "non_finite", loss_bad || grad_bad, loss_bad ? *f.loss : (grad_bad ? *f.grad_norm : 0.0),
-       config_.non_finite,
-       loss_bad ? "the loss is not finite" : "the gradients are not finite (the engine skipped the step)");
+  // Finite gradients times a huge learning rate overflow the weights themselves: caught at the
+  // step that did it rather than at the next step's NaN loss.
+  const bool weights_bad = f.non_finite_weights && *f.non_finite_weights > 0.0;
+  fire(verdict, step, "non_finite", loss_bad || grad_bad || weights_bad,
+       loss_bad ? *f.loss : (grad_bad ? *f.grad_norm : (weights_bad ? *f.non_finite_weights : 0.0)), config_.non_finite,
+       loss_bad   ? "the loss is not finite"
+       : grad_bad ? "the gradients are not finite (the engine skipped the step)"
+                  : number(*f.non_finite_weights) + " weights are NaN or Inf after the update");
 
   if (f.loss && std::isfinite(*f.loss)) {
     const GuardianRule& rule = config_.loss_spike;

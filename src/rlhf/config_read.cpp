@@ -116,6 +116,7 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
   c.elastic_resume = read_choice(o, "elastic_resume", c.elastic_resume, {"exact", "allow"});
+  c.log_sample_ids = o.get<bool>("log_sample_ids", c.log_sample_ids);
   read_guardian(o, c.guardian);
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/log.h"
+#include "dschat/dist/activity.h"
 #include "core/stopwatch.h"
 #include "dschat/core/host_sync.h"
 #include "dschat/core/random_state.h"
@@ -22,6 +23,7 @@
 #include "rlhf/critic_free_support.h"
 #include "rlhf/memory_hint.h"
 #include "rlhf/policy_guard.h"
+#include "rlhf/sample_log.h"
 
 namespace dschat {
 namespace rlhf {
@@ -107,7 +109,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
   };
   if (runner.prepare_resume()) {
     const nlohmann::json state = restore(ckpt, "");
-    if (state.contains("guardian")) guard.guardian().load_state(state.at("guardian"));
+    if (state.contains("guardian")) guard.guardian().load_state(guardian_state_for(state, prompt_layout));
     result.resumed = true;
     core::log_info(where, ": resuming from ", ckpt.string(), " (", state.at("tag").get<std::string>(), ") at epoch ",
                    start_epoch, ", batch ", skip_batches);
@@ -128,6 +130,8 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
         step, [&](const fs::path& dir, const std::string& tag) { save_state(dir, tag, epoch, next_batch, nullptr); },
         confirmed);
   };
+  std::optional<SampleLog> samples = open_policy_sample_log(
+      config.common.log_sample_ids, runner.log_dir(), context.communicator, result.resumed, step, prompt_layout.to_json());
   const std::optional<data::PromptBatch> heldout =
       start_policy_guard(guard, step, [&](bool confirmed) { snapshot(start_epoch, skip_batches, confirmed); }, phase, pad,
                          p_len, device);
@@ -159,6 +163,9 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
           if (!host_batch) break;
           if (batch_index < skip_batches) continue;
           if (skipped_prompt_batch(guard.guardian(), epoch, batch_index)) continue;
+          if (samples) samples->record(epoch, batch_index, step + 1, prompts.indices(batch_index));
+          dist::set_activity(where + ": epoch " + std::to_string(epoch + 1) + ", prompt batch " +
+                             std::to_string(batch_index) + " (step " + std::to_string(step + 1) + ")");
           const uint64_t sample_seed = config.common.seed + guard.guardian().seed_offset() +
                                        1000003ULL * static_cast<uint64_t>(rank) +
                                        static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
@@ -219,6 +226,9 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
           health.loss = f.loss;
           engine::TrainingEngine& actor_engine = models.actor->training_engine();
           if (!actor_engine.uses_loss_scaling() && actor_engine.skipped_steps() > skipped_before) health.grad_norm = -1.0;
+          if (config.common.guardian.enabled && config.common.guardian.non_finite.action != monitor::GuardianAction::kOff) {
+            health.non_finite_weights = actor_engine.non_finite_weight_count().item<double>();
+          }
           if (config.kl_coef > 0.0) health.kl = f.kl;
           health.entropy = f.entropy;
           health.mean_answer_tokens = f.answer_tokens;
@@ -248,7 +258,10 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
       pool.clear();
       pool_batches = 0;
       answer_guardian_alarm(
-          alarm, guard, runner, [&](const fs::path& dir, const std::string& tag) { restore(dir, tag); },
+          alarm, guard, runner, [&](const fs::path& dir, const std::string& tag) {
+            restore(dir, tag);
+            if (samples) samples->rewind(step, {{"event", "rollback"}});
+          },
           {&models.actor->training_engine()},
           [&](engine::AsyncCheckpointWriter* background) {
             save_state(ckpt, "global_step" + std::to_string(step), alarm.skipped.value("epoch", int64_t{0}),

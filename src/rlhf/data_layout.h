@@ -8,6 +8,7 @@
 // not, an exact continuation does not exist and the resume is refused unless the step's
 // `elastic_resume` is "allow".
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,32 @@ struct DataLayout {
 /// The checkpoint key the layout is saved under (beside "epoch" and "batch").
 inline const char* data_layout_key() { return "data_layout"; }
 
+/// The layout a checkpoint's client state was written by, or nullopt when it names none (then it
+/// was written by the same layout as the run reading it).
+inline std::optional<DataLayout> saved_layout(const nlohmann::json& state) {
+  if (!state.contains(data_layout_key())) return std::nullopt;
+  const nlohmann::json& saved = state.at(data_layout_key());
+  return DataLayout{saved.at("world_size").get<int64_t>(), saved.at("micro_batch").get<int64_t>(),
+                    saved.at("gas").get<int64_t>()};
+}
+
+/// A checkpoint's guardian state (monitor::Guardian::state()) for a run on `current`: its skipped
+/// windows ({"epoch", "begin", "end"}, micro-batches of the layout that wrote `state`) become
+/// the micro-batches of `current` holding the same samples, widened to whole micro-batches where
+/// they do not fall on this layout's boundaries.
+inline nlohmann::json guardian_state_for(const nlohmann::json& state, const DataLayout& current) {
+  nlohmann::json guardian = state.at("guardian");
+  const std::optional<DataLayout> saved = saved_layout(state);
+  if (!saved || !guardian.contains("skipped")) return guardian;
+  const int64_t from = saved->world * saved->micro, to = current.world * current.micro;  // samples per micro-batch index
+  for (nlohmann::json& window : guardian.at("skipped")) {
+    if (!window.is_object() || !window.contains("begin") || !window.contains("end")) continue;
+    window["begin"] = window.at("begin").get<int64_t>() * from / to;
+    window["end"] = (window.at("end").get<int64_t>() * from + to - 1) / to;
+  }
+  return guardian;
+}
+
 /// The micro-batches of `current` to skip in the checkpoint's epoch, given the checkpoint's
 /// client state (its "batch" counted in the saved layout; a checkpoint without a layout was
 /// written by the same layout). Logs what a changed layout does; throws core::ConfigError naming
@@ -43,11 +70,9 @@ inline const char* data_layout_key() { return "data_layout"; }
 inline int64_t resume_micro_batch(const nlohmann::json& state, const DataLayout& current,
                                   bool allow_global_batch_change, const std::string& where) {
   const int64_t batch = state.at("batch").get<int64_t>();
-  if (!state.contains(data_layout_key())) return batch;
-  const nlohmann::json& saved_json = state.at(data_layout_key());
-  const DataLayout saved{saved_json.at("world_size").get<int64_t>(), saved_json.at("micro_batch").get<int64_t>(),
-                         saved_json.at("gas").get<int64_t>()};
-  if (saved == current) return batch;
+  const std::optional<DataLayout> saved_or_none = saved_layout(state);
+  if (!saved_or_none || *saved_or_none == current) return batch;
+  const DataLayout saved = *saved_or_none;
   DSCHAT_CHECK(allow_global_batch_change || saved.global_batch() == current.global_batch(), ConfigError, where,
                ": the checkpoint was written by ", saved.describe(), " and this run is ", current.describe(),
                ": with another global batch the optimizer steps, and the learning-rate schedule over them, cannot "

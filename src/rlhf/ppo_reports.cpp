@@ -86,6 +86,7 @@ void PpoStepReports::report(const PendingPpoStep& p, const PpoStepMeans& m) {
   // The value loss is positive, so a spike is measurable; a non-finite actor loss is reported too.
   health.loss = std::isfinite(actor_loss) ? critic_loss : actor_loss;
   if (p.skipped_engine_steps > 0) health.grad_norm = -1.0;
+  if (p.non_finite_weights.defined()) health.non_finite_weights = p.non_finite_weights.item<double>();
   health.kl = result_.mean_kl;
   health.entropy = all_reduce_mean(context_, m.entropy);
   health.mean_answer_tokens = answer_len;

@@ -38,6 +38,7 @@ struct PendingPpoStep {
   int64_t prompt_length = 0;
   int64_t first_batch = 0, end_batch = 0;  // the step's prompt batches of its epoch: [first, end)
   int64_t skipped_engine_steps = 0;        // actor and critic steps skipped for non-finite gradients
+  torch::Tensor non_finite_weights;        // [] actor + critic after the step (undefined: not checked)
 };
 
 // The step reports of step 3 (log lines, metrics rows, collapse warnings, the progress display,

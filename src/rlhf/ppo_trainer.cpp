@@ -10,6 +10,7 @@
 
 #include "core/stopwatch.h"
 #include "core/log.h"
+#include "dschat/dist/activity.h"
 #include "dschat/data/collate.h"
 #include "dschat/data/epoch_batches.h"
 #include "dschat/data/unsupervised.h"
@@ -20,6 +21,7 @@
 #include "dschat/monitor/collapse_warnings.h"
 #include "rlhf/memory_hint.h"
 #include "rlhf/policy_guard.h"
+#include "rlhf/sample_log.h"
 #include "rlhf/ppo_reports.h"
 #include "dschat/rlhf/ppo_step.h"
 #include "dschat/rlhf/step_runner.h"
@@ -118,7 +120,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   };
   if (runner.prepare_resume()) {
     const nlohmann::json state = restore(ckpt, "");
-    if (state.contains("guardian")) guard.guardian().load_state(state.at("guardian"));
+    if (state.contains("guardian")) guard.guardian().load_state(guardian_state_for(state, prompt_layout));
     result.resumed = true;
     core::log_info(where, ": resuming from ", ckpt.string(), " (", state.at("tag").get<std::string>(), ") at epoch ",
                    start_epoch, ", batch ", skip_batches);
@@ -141,6 +143,8 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
         step, [&](const fs::path& dir, const std::string& tag) { save_state(dir, tag, epoch, next_batch, nullptr); },
         confirmed);
   };
+  std::optional<SampleLog> samples = open_policy_sample_log(
+      config.common.log_sample_ids, runner.log_dir(), context.communicator, result.resumed, step, prompt_layout.to_json());
   const std::optional<data::PromptBatch> heldout =
       start_policy_guard(guard, step, [&](bool confirmed) { snapshot(start_epoch, skip_batches, confirmed); }, phase, pad,
                          P, device);
@@ -173,6 +177,14 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
     }
     return skips;
   };
+  // The guardian's look at the weights after each step (not read until the step's report).
+  const auto weight_check = [&]() -> torch::Tensor {
+    if (config.common.guardian.non_finite.action == monitor::GuardianAction::kOff || !config.common.guardian.enabled) {
+      return {};
+    }
+    return models.actor->training_engine().non_finite_weight_count() +
+           models.critic_engine->non_finite_weight_count().to(device);
+  };
   setup_sync.reset();
   for (bool finished = false; !finished;) {
     try {
@@ -195,6 +207,9 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
           if (!batch || (mixture && !unsup_batch)) break;
           if (batch_index < skip_batches) continue;
           if (skipped_prompt_batch(guard.guardian(), epoch, batch_index)) continue;
+          if (samples) samples->record(epoch, batch_index, step + 1, prompts.indices(batch_index));
+          dist::set_activity(where + ": epoch " + std::to_string(epoch + 1) + ", prompt batch " +
+                             std::to_string(batch_index) + " (step " + std::to_string(step + 1) + ")");
           const uint64_t sample_seed = config.common.seed + guard.guardian().seed_offset() +
                                        1000003ULL * static_cast<uint64_t>(rank) +
                                        static_cast<uint64_t>(epoch * steps_per_epoch + batch_index);
@@ -268,7 +283,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
           reports.step_ended(PendingPpoStep{epoch, step, epoch * steps_per_epoch + batch_index + 1, generate_seconds,
                                             train_seconds, sequences, last_experience->seq,
                                             last_experience->prompt_length, step_first_batch, batch_index + 1,
-                                            engine_skips() - skips_before});
+                                            engine_skips() - skips_before, weight_check()});
           // The statistics are read (one wait for the device) when the step prints; checkpoints and
           // the end read the rest.
           // The guardian checks every step before a snapshot or a checkpoint holds it.
@@ -305,6 +320,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
           alarm, guard, runner,
           [&](const fs::path& dir, const std::string& tag) {
             restore(dir, tag);
+            if (samples) samples->rewind(step, {{"event", "rollback"}});
             reports.restart(have_reward_ema);
           },
           {&models.actor->training_engine(), models.critic_engine.get()},

@@ -2,18 +2,22 @@
 #include "dschat/rlhf/supervised_loop.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "core/log.h"
 #include "core/stopwatch.h"
 #include "core/tensor_util.h"
+#include "dschat/dist/activity.h"
 #include "dschat/monitor/progress.h"
 #include "dschat/monitor/throughput.h"
 #include "dschat/rlhf/guarded_run.h"
+#include "dschat/rlhf/output_gate.h"
 #include "dschat/rlhf/step_setup.h"
 #include "rlhf/data_layout.h"
 #include "rlhf/policy_guard.h"
+#include "rlhf/sample_log.h"
 
 namespace dschat {
 namespace rlhf {
@@ -43,6 +47,7 @@ nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, GuardedR
 
 void evaluate(const SupervisedLoopSettings& settings, EvaluationPoint point, int64_t epoch, int64_t step) {
   core::HostSync sync("evaluation (perplexity / reward accuracy)");
+  dist::set_activity("evaluation at global step " + std::to_string(step));
   if (settings.evaluate) settings.evaluate(EvaluationRequest{point, epoch, step});
 }
 
@@ -60,15 +65,27 @@ class EpochLosses {
   }
 
   // The step `done` ends the window of the losses added so far; `report` runs at the next read.
-  void end_window(const OptimizerStepDone& done, StepReport report, nlohmann::json window) {
-    pending_.push_back(PendingStep{done, unread_.size(), std::move(report), std::move(window)});
+  // `bad_weights` ([] on the losses' device, or undefined: not checked) is the engine's
+  // non_finite_weight_count after the step, read with the losses.
+  void end_window(const OptimizerStepDone& done, StepReport report, nlohmann::json window, torch::Tensor bad_weights) {
+    pending_.push_back(
+        PendingStep{done, unread_.size(), std::move(report), std::move(window), std::move(bad_weights), 0.0});
   }
 
   // The one host read: every unread loss, then the pending reports in step order, each step
   // checked by the guardian. Throws GuardianAlarm (on every rank alike) for a stop or rollback.
   void read() {
     if (unread_.empty() && pending_.empty()) return;
-    const std::vector<double> values = read_to_host(unread_);
+    std::vector<torch::Tensor> scalars = unread_;  // the losses, then the weight checks
+    for (const PendingStep& step : pending_) {
+      if (step.bad_weights.defined()) scalars.push_back(step.bad_weights);
+    }
+    std::vector<double> values = read_to_host(scalars);
+    for (auto step = pending_.rbegin(); step != pending_.rend(); ++step) {
+      if (!step->bad_weights.defined()) continue;
+      step->bad_weight_count = values.back();
+      values.pop_back();
+    }
     size_t next = 0;
     std::vector<double> window_losses;  // one per pending step, this rank's
     for (PendingStep& step : pending_) {
@@ -89,6 +106,7 @@ class EpochLosses {
       figures.step = step.done.step;
       figures.loss = window_losses[i];
       if (!uses_loss_scaling_) figures.grad_norm = step.done.grad_norm;
+      if (step.bad_weights.defined()) figures.non_finite_weights = step.bad_weight_count;
       const monitor::GuardianVerdict verdict = guard_->guardian().observe(figures);
       if (verdict.action >= monitor::GuardianAction::kStop) {
         alarm = GuardianAlarm{verdict.action, step.done.step, verdict.cause(), step.window};
@@ -106,6 +124,8 @@ class EpochLosses {
   }
 
   int64_t trained() const { return trained_; }
+  // Only after read(): the losses read so far that were finite.
+  int64_t finite() const { return finite_; }
   // Only after read().
   double mean_loss() const { return trained_ > 0 ? loss_sum_ / static_cast<double>(trained_) : 0.0; }
 
@@ -115,9 +135,12 @@ class EpochLosses {
     size_t losses_before = 0;  // unread losses up to this step's window end
     StepReport report;
     nlohmann::json window;
+    torch::Tensor bad_weights;  // [] or undefined
+    double bad_weight_count;    // its value, once read
   };
 
   void accumulate(double value) {
+    if (std::isfinite(value)) ++finite_;
     loss_sum_ += value;
     window_loss_ += value / gas_;
   }
@@ -129,6 +152,7 @@ class EpochLosses {
   std::vector<torch::Tensor> unread_;  // each [], on the loss's device
   std::vector<PendingStep> pending_;
   int64_t trained_ = 0;
+  int64_t finite_ = 0;
   double loss_sum_ = 0.0, window_loss_ = 0.0;
 };
 
@@ -138,8 +162,11 @@ struct LoopState {
   StepRunner& runner;
   engine::TrainingEngine& engine;
   GuardedRun* guard;  // null: no guardian
+  SampleLog* samples;  // null: log_sample_ids is off
+  int64_t trained = 0, finite = 0;  // micro-batches trained in this run (completed epochs), with a finite loss
 
   void save(engine::AsyncCheckpointWriter* background, int64_t epoch, int64_t batch) {
+    dist::set_activity(runner.name() + ": checkpoint of global step " + std::to_string(engine.global_steps()));
     engine.save_checkpoint(runner.checkpoint_dir(), "", checkpoint_state(settings, guard, engine, epoch, batch),
                            background);
   }
@@ -155,6 +182,8 @@ void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& da
   const SupervisedLoopSettings& settings = loop.settings;
   engine::TrainingEngine& engine = loop.engine;
   const int64_t read_interval = std::max<int64_t>(settings.progress_interval, 1);
+  DSCHAT_CHECK(!loop.samples || data.sample_ids, InvalidArgument,
+               "SupervisedLoop: log_sample_ids is on but the epoch source gives no sample_ids");
   EpochLosses losses(engine.config().gradient_accumulation_steps, progress, loop.guard, engine.uses_loss_scaling());
   int64_t batch_index = 0, window_begin = skip;
   auto window_start = core::SteadyClock::now();
@@ -162,8 +191,13 @@ void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& da
     // Fetched anyway: the skipped batches are collated so the epoch's order is the one they had.
     if (batch_index++ < skip) continue;
     if (loop.guard && skipped_prompt_batch(loop.guard->guardian(), epoch, batch_index - 1)) continue;
+    const std::string position = loop.runner.name() + ": epoch " + std::to_string(epoch + 1) + ", micro-batch " +
+                                 std::to_string(batch_index - 1);
+    dist::set_activity(position + ": forward and backward");
     torch::Tensor loss = data.loss();  // []
     engine.backward(loss);
+    // The step this gradient goes into: the one after those taken so far.
+    if (loop.samples) loop.samples->record(epoch, batch_index - 1, engine.global_steps() + 1, data.sample_ids());
     losses.add(loss);
     if (settings.after_backward) {  // DS-Chat's per-micro-step loss line: a read per micro-step, on request
       core::HostSync sync("statistics (print_loss: every micro-step, on request)");
@@ -171,12 +205,18 @@ void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& da
     }
     // Asked before step(), which advances the micro-step count the answer depends on.
     const bool boundary = engine.is_gradient_accumulation_boundary();
+    if (boundary) dist::set_activity(position + ": optimizer step " + std::to_string(engine.global_steps() + 1));
     engine.step();
     if (!boundary) continue;
     OptimizerStepDone done{epoch, batch_index, engine.global_steps(), core::seconds_since(window_start), 0.0,
                            engine.learning_rates(), engine.last_grad_norm()};
+    torch::Tensor bad_weights;  // []
+    if (loop.guard && loop.guard->guardian().config().non_finite.action != monitor::GuardianAction::kOff) {
+      bad_weights = engine.non_finite_weight_count().to(loss.device(), /*non_blocking=*/true);
+    }
     losses.end_window(done, data.step_report ? data.step_report() : StepReport(),
-                      {{"epoch", epoch}, {"begin", std::min(window_begin, batch_index - 1)}, {"end", batch_index}});
+                      {{"epoch", epoch}, {"begin", std::min(window_begin, batch_index - 1)}, {"end", batch_index}},
+                      std::move(bad_weights));
     window_begin = batch_index;
     const bool evaluate_now = settings.eval_interval > 0 && done.step % settings.eval_interval == 0;
     const bool snapshot_now = loop.guard && loop.guard->snapshot_due(done.step);
@@ -193,7 +233,29 @@ void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& da
     window_start = core::SteadyClock::now();
   }
   losses.read();
+  loop.trained += losses.trained();
+  loop.finite += losses.finite();
   if (settings.on_epoch_end) settings.on_epoch_end(EpochDone{epoch, losses.trained(), losses.mean_loss()});
+}
+
+// The guardian off, every loss NaN (e.g. no label token left in any row) can still leave finite
+// gradients and updates that only decay the weights: the output gate would pass that model.
+// Collective: every rank fails alike.
+void refuse_all_non_finite_losses(const LoopState& loop) {
+  int64_t counts[2] = {loop.trained, loop.finite};
+  if (loop.engine.communicator()) {
+    torch::Tensor t = torch::tensor({counts[0], counts[1]}, torch::kInt64);  // [2]
+    loop.engine.communicator()->all_reduce(t, dist::ReduceOp::Sum);
+    counts[0] = t[0].item<int64_t>();
+    counts[1] = t[1].item<int64_t>();
+  }
+  if (counts[0] == 0 || counts[1] > 0) return;
+  const std::string checkpoints = loop.runner.checkpoint_dir().string();
+  const std::string output_dir = checkpoints.substr(0, checkpoints.size() - std::string("_checkpoints").size());
+  throw StepFailed(output_dir + ": the model is not saved and the step is not marked finished: the loss of every one of the " +
+                   std::to_string(counts[0]) + " micro-batches trained in this run was NaN or Inf (no label token left "
+                   "after truncation to max_seq_len? the guardian, off here, stops such runs); " +
+                   checkpoint_note(output_dir));
 }
 
 }  // namespace
@@ -223,6 +285,7 @@ void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t se
 void SupervisedLoopSettings::use_step_config(const CommonStepConfig& common, const StepContext& context) {
   epochs = common.num_train_epochs;
   allow_global_batch_change = common.elastic_resume == "allow";
+  log_sample_ids = common.log_sample_ids;
   guardian = common.guardian;
   seed = common.seed;
   progress_interval = common.print_interval;
@@ -238,7 +301,9 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   if (settings.guardian.enabled) {
     guard.emplace(settings.guardian, runner.name(), runner, settings.metrics, engine.communicator());
   }
-  LoopState loop{settings, runner, engine, guard ? &*guard : nullptr};
+  std::optional<SampleLog> samples;
+  if (settings.log_sample_ids) samples.emplace(runner.log_dir(), engine.communicator());
+  LoopState loop{settings, runner, engine, guard ? &*guard : nullptr, samples ? &*samples : nullptr};
   int64_t start_epoch = 0, skip = 0;
   if (runner.prepare_resume()) {
     ResumePoint at;
@@ -250,10 +315,17 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
         resume_micro_batch(at.client_state, layout_of(engine), settings.allow_global_batch_change, runner.name());
     start_epoch = at.epoch;
     skip = at.micro_batch;
-    if (guard && at.client_state.contains("guardian")) guard->guardian().load_state(at.client_state.at("guardian"));
+    if (guard && at.client_state.contains("guardian")) {
+      guard->guardian().load_state(guardian_state_for(at.client_state, layout_of(engine)));
+    }
     at.client_state.erase("guardian");
     if (settings.on_resume) settings.on_resume(at);
+    if (samples) {
+      samples->rewind(engine.global_steps(), {{"event", "resume"}, {"epoch", at.epoch}, {"micro_batch", skip},
+                                              {"layout", layout_of(engine).to_json()}});
+    }
   } else {
+    if (samples) samples->rewind(0, {{"event", "start"}, {"layout", layout_of(engine).to_json()}});
     evaluate(settings, EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
   }
   // The state a first rollback returns to: the start (or the resumed position).
@@ -292,6 +364,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
             const nlohmann::json state = engine.load_checkpoint(dir, tag);
             start_epoch = state.at("epoch").get<int64_t>();
             skip = state.at("batch").get<int64_t>();
+            if (samples) samples->rewind(engine.global_steps(), {{"event", "rollback"}, {"epoch", start_epoch}});
           },
           {&engine}, save_here, settings.seed);
     }
@@ -303,6 +376,8 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   core::HostSync sync("step end (evaluation, save)");
   // The end-of-training checkpoint is committed before the model is written: a failure there
   // resumes from it rather than from the one before.
+  refuse_all_non_finite_losses(loop);
+  dist::set_activity(runner.name() + ": saving the trained model");
   runner.wait_for_checkpoints();
   settings.save_model();
   if (guard) guard->finish();

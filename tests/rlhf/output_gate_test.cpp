@@ -76,6 +76,19 @@ TEST(OutputGate, ADivergedSftRunExitsNonZeroAndSavesNothing) {
   expect_nothing_finished(dir.path(), out);
 }
 
+// The same learning rate with the guardian on (its default non_finite rollback): the weights are
+// checked after each update, so the overflow is caught at step 1, where it happened, not at the
+// next step's NaN loss; every retry overflows again, the rollbacks run out and the run stops.
+TEST(OutputGate, TheGuardianCatchesOverflowingWeightsAtTheUpdateThatMadeThem) {
+  testing::TempDir dir;
+  int status = 0;
+  const std::string out = train(dir.path(), {{"learning_rate", 1e308}}, &status);
+  EXPECT_EQ(status, 3) << out;
+  EXPECT_NE(out.find("weights are NaN or Inf after the update"), std::string::npos) << out;
+  EXPECT_EQ(out.find("the loss is not finite"), std::string::npos) << "caught only at the next step's loss\n" << out;
+  expect_nothing_finished(dir.path(), out);
+}
+
 // max_seq_len 2 leaves no label token after the shift: every loss is NaN. The guardian (on by
 // default) rolls back until none is left, then stops the run: exit 3, nothing saved as finished.
 // (A step with no update at all is refused by the gate: RefusesNonFiniteOrUntrainedWeights...)
@@ -85,6 +98,19 @@ TEST(OutputGate, AnAllNanSftRunExitsNonZeroAndSavesNothing) {
   const std::string out = train(dir.path(), {{"max_seq_len", 2}}, &status);
   EXPECT_EQ(status, 3) << out;
   EXPECT_NE(out.find("the guardian stopped the run"), std::string::npos) << out;
+  expect_nothing_finished(dir.path(), out);
+}
+
+// The same with the guardian off: every loss is NaN, so the step fails before its save however
+// the updates went (its gradients can stay finite: nothing but weight decay moves the weights).
+TEST(OutputGate, AnAllNanSftRunWithTheGuardianOffFailsTheStep) {
+  testing::TempDir dir;
+  int status = 0;
+  const std::string out = train(dir.path(), {{"max_seq_len", 2}, {"guardian", {{"enabled", false}}}}, &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("the model is not saved and the step is not marked finished: the loss of every one of the"),
+            std::string::npos)
+      << out;
   expect_nothing_finished(dir.path(), out);
 }
 

@@ -65,6 +65,8 @@ TEST(StalledRankMultiproc, ASigstoppedRankEndsTheJobWithinTheTimeoutNamingRankSt
   const std::string err = job.err();
   EXPECT_NE(err.find("lost rank 1 (its heartbeat in the store stopped"), std::string::npos) << err;
   EXPECT_NE(err.find("step1 (sft) failed: "), std::string::npos) << err;
+  // Where rank 1 was when it stopped, from the activity its heartbeat thread published.
+  EXPECT_NE(err.find("rank 1's last activity: step 1 (SFT): epoch "), std::string::npos) << err;
   EXPECT_NE(err.find("actor_checkpoints keeps the step's checkpoints (latest: global_step"), std::string::npos) << err;
   EXPECT_NE(kill(victim, 0), 0) << "rank 1 (pid " << victim << ") outlived the job";
   EXPECT_FALSE(fs::exists(dir / "out/actor")) << "the step must not be marked finished";

@@ -120,6 +120,10 @@ class TrainingEngine {
   /// L2 norm of the unscaled gradients at the last boundary (-1 when they were not finite). A
   /// host value: the step reads the squared norm to the host once anyway, to decide on the skip.
   double last_grad_norm() const { return last_grad_norm_; }
+  /// NaN/Inf values among the fp32 master weights this rank's optimizer updates (its ZeRO
+  /// partition; all of them at stage 0), as a [] int64 tensor on the masters' device: not read,
+  /// so the caller picks when to wait for it. A diverged update shows here before any loss does.
+  torch::Tensor non_finite_weight_count() const;
   std::vector<double> learning_rates() const;
   /// Multiplies every group's learning rate by `factor` from now on (the schedule's base rates,
   /// so warmup and decay keep their shape; saved in checkpoints). The guardian's rollback.

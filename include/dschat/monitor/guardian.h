@@ -83,6 +83,9 @@ struct StepFigures {
   int64_t step = 0;
   std::optional<double> loss;
   std::optional<double> grad_norm;  // < 0 or non-finite: the engine saw non-finite gradients
+  /// NaN/Inf values among the weights right after the step's update (the engine's
+  /// non_finite_weight_count: the parameters this rank's optimizer updates); > 0 fires non_finite.
+  std::optional<double> non_finite_weights;
   std::optional<double> kl;
   std::optional<double> entropy;
   std::optional<double> mean_answer_tokens;

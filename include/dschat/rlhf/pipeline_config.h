@@ -90,6 +90,9 @@ struct CommonStepConfig {
   /// "exact" refuses it, "allow" goes on from the same sample (another world size with the same
   /// global batch always continues exactly).
   std::string elastic_resume = "exact";
+  /// Ours: write the training-set indices of every trained micro-batch, per rank, to
+  /// <dir>_logs/samples.rank<r>.jsonl (kept after the step; src/rlhf/sample_log.h).
+  bool log_sample_ids = false;
 };
 
 struct SftConfig {

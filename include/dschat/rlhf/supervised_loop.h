@@ -138,6 +138,9 @@ struct SupervisedLoopSettings {
   /// A resume whose global batch (rows x GAS x ranks) differs from the checkpoint's goes on
   /// instead of being refused (the step's elastic_resume "allow"; src/rlhf/data_layout.h).
   bool allow_global_batch_change = false;
+  /// Writes the dataset indices of every trained micro-batch to <dir>_logs/samples.rank<r>.jsonl
+  /// (the step's log_sample_ids; src/rlhf/sample_log.h). The epoch source must set sample_ids.
+  bool log_sample_ids = false;
   static monitor::GuardianConfig disabled_guardian() {
     monitor::GuardianConfig off;
     off.enabled = false;
@@ -169,6 +172,8 @@ struct SupervisedEpoch {
   /// The report of the step whose window the fetched micro-batch ends, holding what it needs of
   /// that batch (it runs at a later read point); unset or an empty result: no report.
   std::function<StepReport()> step_report;
+  /// The training-set indices of the fetched micro-batch's rows (needed for log_sample_ids).
+  std::function<std::vector<int64_t>()> sample_ids;
 };
 
 /// DeepSpeed-Chat's per-step throughput line (monitor::training_throughput_line) on rank 0 every
@@ -214,14 +219,17 @@ struct SupervisedLoop : SupervisedLoopSettings {
       struct State {
         data::EpochBatches<Batch> batches;
         std::optional<Batch> current;
+        int64_t fetched = 0;  // micro-batches fetched so far; the current one is fetched - 1
       };
       auto state = std::make_shared<State>(State{epoch_batches(epoch), std::nullopt});
       SupervisedEpoch out;
       out.micro_batches = state->batches.size();
       out.next = [state] {
         state->current = state->batches.next();
+        state->fetched += state->current.has_value() ? 1 : 0;
         return state->current.has_value();
       };
+      out.sample_ids = [state] { return state->batches.indices(state->fetched - 1); };
       out.loss = [this, state] { return train_micro_batch(*state->current); };
       out.step_report = [this, state]() -> StepReport {
         if (!on_optimizer_step) return {};

@@ -144,7 +144,10 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   plan.demo = plan.config.demo_report;
   // "reward_model": "step1" starts the reward model from the SFT output (the demo's choice: a
   // random 2-layer model cannot learn the task's correctness from its few hundred pairs).
-  if (json.value("reward_model", std::string()) == "step1") {
+  // A step2 block that names its own model keeps it.
+  const bool step2_names_model = json.contains("step2") && json.at("step2").is_object() &&
+                                 json.at("step2").contains("model_name_or_path");
+  if (json.value("reward_model", std::string()) == "step1" && !step2_names_model) {
     plan.config.step2.model_name_or_path = plan.config.step1.output_dir;
   }
   // The held-out prompts of the pairs (step 1 may train on other records of the same prompts).
