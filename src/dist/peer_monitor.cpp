@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/log.h"
 #include "dschat/core/error.h"
 #include "dschat/dist/activity.h"
 
@@ -28,6 +29,7 @@ PeerMonitor::PeerMonitor(const LaunchEnv& env, std::chrono::milliseconds collect
       store_served_by_agent_(env.store_served_by_agent),
       timing_(timing),
       sample_after_(std::max(std::chrono::milliseconds(0), collective_timeout - timing.window - 2 * timing.beat)),
+      collective_timeout_(collective_timeout),
       link_(env.master_addr, env.master_port, timing.store_timeout) {
   DSCHAT_CHECK(bump(key("beat", rank_)), Error, "dist: rank ", rank_, " cannot publish its heartbeat in the store at ",
                store_address_, " (no answer within ", timing.store_timeout.count(), " ms)");
@@ -66,12 +68,43 @@ void PeerMonitor::heartbeat_loop() {
   while (!stopping_) {
     lock.unlock();
     bump(key("beat", rank_));
-    const std::string activity = current_activity();
-    if (activity != published_activity_ && link_.set(key("activity", rank_), activity)) published_activity_ = activity;
+    publish_activity();
     sample_if_collective_is_long();
+    warn_if_collective_is_slow();
     lock.lock();
     wake_.wait_for(lock, timing_.beat, [&] { return stopping_; });
   }
+}
+
+void PeerMonitor::publish_activity() {
+  bool waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    waiting = busy_count_ > 0;
+  }
+  std::string activity = current_activity();
+  if (waiting) activity += activity.empty() ? "waiting in a collective" : " (waiting in a collective)";
+  if (activity != published_activity_ && link_.set(key("activity", rank_), activity)) published_activity_ = activity;
+}
+
+void PeerMonitor::warn_if_collective_is_slow() {
+  Clock::time_point since;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    if (busy_count_ == 0 || warned_epoch_ == busy_epoch_ || Clock::now() - busy_since_ < collective_timeout_ / 2) {
+      return;
+    }
+    warned_epoch_ = busy_epoch_;
+    since = busy_since_;
+  }
+  std::string others;
+  for (int64_t rank = 0; rank < world_size_; ++rank) {
+    const std::string clause = rank == rank_ ? std::string() : activity_clause(rank);
+    if (!clause.empty()) others += "; " + clause;
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - since).count();
+  core::log_warn("dist: rank ", rank_, " has waited ", waited, " s in a collective for the other ranks (the job fails "
+                 "at the collective timeout of ", collective_timeout_.count() / 1000.0, " s)", others);
 }
 
 void PeerMonitor::sample_if_collective_is_long() {

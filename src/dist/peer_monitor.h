@@ -11,8 +11,11 @@
 //   dschat/lost/<r>    some rank found r's heartbeat stopped
 //   dschat/done/<r>    r finished its diagnosis (rank 0 keeps the store up until all have)
 //   dschat/left/<r>    r destroyed its communicator normally
-//   dschat/activity/<r> r's last activity (dschat/dist/activity.h), republished by its heartbeat
-//                      thread when it changes, so a diagnosis says where a stalled rank was
+//   dschat/activity/<r> r's last activity (dschat/dist/activity.h), "(waiting in a collective)"
+//                      appended while it is in one; republished by its heartbeat thread when it
+//                      changes, so a diagnosis says where a stalled rank was
+// A collective that has waited half the collective timeout logs a warning once, with the other
+// ranks' activities: the stalled rank is visible well before the job fails.
 // Every store call here has a short timeout: an unanswered store means its server is gone.
 
 #include <chrono>
@@ -71,6 +74,8 @@ class PeerMonitor {
 
   void heartbeat_loop();
   void sample_if_collective_is_long();
+  void publish_activity();
+  void warn_if_collective_is_slow();
   // false once the store failed or did not answer (then for good).
   bool read_counter(const std::string& key, int64_t* value);
   bool bump(const std::string& key);
@@ -85,6 +90,7 @@ class PeerMonitor {
   bool store_served_by_agent_;
   Timing timing_;
   std::chrono::milliseconds sample_after_;  // how long a collective runs before the thread samples
+  std::chrono::milliseconds collective_timeout_;
 
   StoreLink link_;
   std::string published_activity_;  // the heartbeat thread's own
@@ -96,6 +102,7 @@ class PeerMonitor {
   uint64_t busy_epoch_ = 0;  // one per stretch of time with a collective in flight
   std::chrono::steady_clock::time_point busy_since_;
   uint64_t sampled_epoch_ = 0;
+  uint64_t warned_epoch_ = 0;  // the busy stretch a slow-collective warning was logged for
   Sample early_sample_;  // taken during epoch sampled_epoch_
   std::vector<int64_t> lost_ranks_;
 

@@ -38,6 +38,8 @@ std::vector<json> base_configs() {
   guardian.update(rules);
   json ppo = rlhf::preset_config("single_node", "opt-13b", "opt-350m");
   ppo["step1"]["guardian"] = guardian;
+  ppo["step1"]["elastic_resume"] = "allow";
+  ppo["step1"]["log_sample_ids"] = true;
   ppo["step3"]["ppo_constants"] = {{"kl_ctl", 0.1}, {"clip_reward_value", 5.0}, {"cliprange", 0.2},
                                    {"cliprange_value", 0.2}, {"gamma", 1.0}, {"lam", 0.95}};
   ppo["step3"]["reward_gate"] = {{"action", "warn"}, {"min_accuracy", 0.6}, {"max_length_bias", 0.5},

@@ -4,8 +4,9 @@
 // every epoch trains each sample exactly once (asserted from the step's sample log, which also
 // shows the records of the killed run's lost steps were dropped), and the weights agree within
 // float summation-order tolerance. 2 -> 1 and 1 -> 2 ranks on SFT (ZeRO-0 and ZeRO-3), 2 -> 4
-// and 4 -> 2 on the reward model (ZeRO-2 and ZeRO-3). A resume that changes the global batch is
-// refused naming both layouts unless elastic_resume is "allow".
+// and 4 -> 2 on the reward model (ZeRO-2 and ZeRO-3); 2 -> 1 on GRPO and PPO (steps and prompts only). A
+// resume that changes the global batch is refused naming both layouts unless elastic_resume is
+// "allow".
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -121,6 +122,77 @@ TEST(ElasticResumeMultiproc, RewardZero2TwoRanksKilledThenFourRanksContinue) {
 TEST(ElasticResumeMultiproc, RewardZero3FourRanksKilledThenTwoRanksContinue) {
   testing::TempDir straight, elastic;
   expect_elastic_resume_matches({"step2", 2, "reward", 3, 4, 2, 8, 4, 30, 2e-4}, straight, elastic);
+}
+
+// The critic-free step (GRPO) counts prompt batches the same way: 24 prompts, 8 per step (2 ranks
+// x 4 or 1 rank x 8), 2 epochs = 6 steps. Its answers are sampled with per-rank seeds, so the
+// weights of another world size differ; the steps and the prompts of each epoch must not.
+TEST(ElasticResumeMultiproc, GrpoTwoRanksKilledThenOneRankTrainsEveryPromptOncePerEpoch) {
+  const auto blocks = [](int64_t prompts_per_rank) {
+    return json{{"pipeline", "sft-grpo"},
+                {"step2_grpo",
+                 {{"actor_model_name_or_path", std::string(DSCHAT_SOURCE_DIR) + "/assets/demo-opt"},
+                  {"num_train_epochs", 2},
+                  {"data", {{"data_split", "4,4,2"}}},
+                  {"n_samples_per_prompt", 4},
+                  {"per_device_generation_batch_size", prompts_per_rank},
+                  {"per_device_training_batch_size", 8},
+                  {"checkpoint_interval", 1},
+                  {"keep_checkpoints", 0},
+                  {"num_warmup_steps", 0},
+                  {"guardian", {{"enabled", false}}},
+                  {"log_sample_ids", true},
+                  {"rewards", json::array({{{"type", "demo_task"}}})}}}};
+  };
+  testing::TempDir dir;
+  const fs::path two_ranks = testing::write_tiny_pipeline_config(dir.path(), blocks(4));
+  testing::run_train_killed(2, two_ranks, 2, dir.path(), dir / "out/grpo_checkpoints/actor", 2);
+  if (HasFatalFailure()) return;
+  std::string out;
+  const fs::path one_rank = testing::write_tiny_pipeline_config(dir.path(), blocks(8));
+  ASSERT_EQ(testing::run_train(1, one_rank, 2, dir.path(), "resumed", &out), 0) << out;
+  EXPECT_NE(out.find("from a checkpoint of 2 ranks x 4 rows x GAS 1"), std::string::npos) << out;
+  EXPECT_EQ(core::read_json_file((dir / "out/grpo/training_summary.json").string()).at("steps").get<int64_t>(), 6);
+  const testing::SampleLogContents got = testing::read_sample_log(dir / "out/grpo_logs");
+  EXPECT_EQ(got.resumes, 1);
+  ASSERT_EQ(got.ids_per_epoch.size(), 2u);
+  for (const auto& [epoch, ids] : got.ids_per_epoch) {
+    EXPECT_EQ(ids.size(), 24u) << "epoch " << epoch;
+    EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), 24u) << "epoch " << epoch << " repeats a prompt";
+  }
+  EXPECT_EQ(got.updates, (std::set<int64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+// PPO (step 3) likewise: 48 prompts, 8 per step, 1 epoch = 6 steps, from the demo's base model as
+// actor and critic.
+TEST(ElasticResumeMultiproc, PpoTwoRanksKilledThenOneRankTrainsEveryPromptOnce) {
+  const auto blocks = [](int64_t prompts_per_rank) {
+    const std::string base = std::string(DSCHAT_SOURCE_DIR) + "/assets/demo-opt";
+    return json{{"step3",
+                 {{"actor_model_name_or_path", base},
+                  {"critic_model_name_or_path", base},
+                  {"per_device_generation_batch_size", prompts_per_rank},
+                  {"per_device_training_batch_size", prompts_per_rank},
+                  {"keep_checkpoints", 0},
+                  {"guardian", {{"enabled", false}}},
+                  {"log_sample_ids", true}}}};
+  };
+  testing::TempDir dir;
+  const fs::path two_ranks = testing::write_tiny_pipeline_config(dir.path(), blocks(4));
+  testing::run_train_killed(2, two_ranks, 3, dir.path(), dir / "out/step3_checkpoints/actor", 2);
+  if (HasFatalFailure()) return;
+  std::string out;
+  const fs::path one_rank = testing::write_tiny_pipeline_config(dir.path(), blocks(8));
+  ASSERT_EQ(testing::run_train(1, one_rank, 3, dir.path(), "resumed", &out), 0) << out;
+  EXPECT_NE(out.find("from a checkpoint of 2 ranks x 4 rows x GAS 1"), std::string::npos) << out;
+  EXPECT_EQ(core::read_json_file((dir / "out/step3/training_summary.json").string()).at("steps").get<int64_t>(), 6);
+  const testing::SampleLogContents got = testing::read_sample_log(dir / "out/step3_logs");
+  EXPECT_EQ(got.resumes, 1);
+  ASSERT_EQ(got.ids_per_epoch.size(), 1u);
+  const std::multiset<int64_t>& ids = got.ids_per_epoch.begin()->second;
+  EXPECT_EQ(ids.size(), 48u);
+  EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), 48u) << "a prompt was trained twice";
+  EXPECT_EQ(got.updates, (std::set<int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
 TEST(ElasticResumeMultiproc, ResumeWithAnotherGlobalBatchIsRefusedUnlessAllowed) {

@@ -67,6 +67,11 @@ TEST(StalledRankMultiproc, ASigstoppedRankEndsTheJobWithinTheTimeoutNamingRankSt
   EXPECT_NE(err.find("step1 (sft) failed: "), std::string::npos) << err;
   // Where rank 1 was when it stopped, from the activity its heartbeat thread published.
   EXPECT_NE(err.find("rank 1's last activity: step 1 (SFT): epoch "), std::string::npos) << err;
+  // Half-way to the timeout rank 0 warned once, naming where rank 1 was.
+  EXPECT_NE(err.find("s in a collective for the other ranks (the job fails at the collective timeout of 5 s); rank 1's "
+                     "last activity: step 1 (SFT): epoch "),
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("actor_checkpoints keeps the step's checkpoints (latest: global_step"), std::string::npos) << err;
   EXPECT_NE(kill(victim, 0), 0) << "rank 1 (pid " << victim << ") outlived the job";
   EXPECT_FALSE(fs::exists(dir / "out/actor")) << "the step must not be marked finished";
