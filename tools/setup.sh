@@ -37,5 +37,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
   echo "setup: creating $venv with ${pins[*]}"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "${pins[@]}"
+  # One mtime for every header the build includes from the wheels. GCC's #pragma once takes two
+  # files of equal size, content and mtime (whole seconds) for one file, and torch ships hundreds
+  # of identical empty ATen/ops/*_native.h headers: with the mtimes the unpacking happened to give
+  # them, which of them a build skips differs per venv, so the preprocessed torch headers (the
+  # precompiled header's ccache key) differed per clone, and a fresh clone missed the compiler
+  # cache for every file (docs/benchmarks.md, "Build and test time").
+  for include in "$venv"/lib/python3*/site-packages/{torch,pyarrow}/include; do
+    [ -d "$include" ] && find "$include" -type f -exec touch -h -d '2000-01-01 00:00:00 UTC' {} +
+  done
   echo "${pins[*]}" > "$stamp"
 fi
