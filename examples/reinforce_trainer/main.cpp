@@ -2,11 +2,16 @@
 // trainer toolkit: the policy samples n answers per prompt through a HybridEngine, a plain C++
 // function scores them (the demo task's ground truth: no reward model), and the update is
 //   loss = -mean_i[ (r_i - mean_{j != i} r_j) * sum_t log pi(answer_i,t) ]   over each prompt's n answers.
-// It shows the pieces a custom loop combines; docs/toolkit.md walks through it.
+// The algorithm is a rlhf::PolicyAlgorithm: rlhf::PolicyLoop runs it as it runs PPO and GRPO,
+// with the epochs over the prompts, resumable checkpoints, the training-health guardian
+// (snapshots, rollbacks), the metrics log and the progress display. docs/toolkit.md walks through it.
 //
 //   reinforce_trainer MODEL_DIR DATA_DIR OUTPUT_DIR [--steps N] [--samples N] [--init random]
+//                     [--checkpoint-interval N]
 // MODEL_DIR holds config.json and the tokenizer files (with --init random no weights are read);
-// DATA_DIR holds {train,eval}.json in the demo's {"prompt","chosen","rejected"} format.
+// DATA_DIR holds {train,eval}.json in the demo's {"prompt","chosen","rejected"} format. Writes
+// OUTPUT_DIR/actor (the trained policy), OUTPUT_DIR/actor_logs (metrics) and, while it runs,
+// OUTPUT_DIR/actor_checkpoints: run it again after an interruption and it resumes there.
 #include <dschat/core/error.h>
 #include <dschat/data/collate.h>
 #include <dschat/data/demo_task.h>
@@ -16,6 +21,7 @@
 #include <dschat/monitor/metrics_log.h>
 #include <dschat/rlhf/experience.h>
 #include <dschat/rlhf/log_probs.h>
+#include <dschat/rlhf/policy_loop.h>
 #include <dschat/rlhf/step_setup.h>
 #include <dschat/tokenizer/tokenizer.h>
 
@@ -29,7 +35,7 @@ namespace {
 
 struct Args {
   std::string model_dir, data_dir, output_dir;
-  int64_t steps = 4, samples = 4, prompts_per_step = 8;
+  int64_t steps = 4, samples = 4, prompts_per_step = 8, checkpoint_interval = 1;
   bool random_init = false;
 };
 
@@ -45,10 +51,12 @@ Args parse_args(int argc, char** argv) {
     if (arg == "--steps") args.steps = std::stoll(value());
     else if (arg == "--samples") args.samples = std::stoll(value());
     else if (arg == "--init") args.random_init = value() == "random";
+    else if (arg == "--checkpoint-interval") args.checkpoint_interval = std::stoll(value());
     else positional.push_back(arg);
   }
   DSCHAT_CHECK(positional.size() == 3, InvalidArgument,
-               "usage: reinforce_trainer MODEL_DIR DATA_DIR OUTPUT_DIR [--steps N] [--samples N] [--init random]");
+               "usage: reinforce_trainer MODEL_DIR DATA_DIR OUTPUT_DIR [--steps N] [--samples N] [--init random] "
+               "[--checkpoint-interval N]");
   args.model_dir = positional[0];
   args.data_dir = positional[1];
   args.output_dir = positional[2];
@@ -82,6 +90,95 @@ torch::Tensor leave_one_out_advantages(const torch::Tensor& rewards, int64_t n) 
   return (grouped - others).view({-1});                                  // [K]
 }
 
+// The algorithm the PolicyLoop runs: per prompt batch, n answers per prompt and their rewards
+// (collect); per step, the leave-one-out policy gradient (train). The loop checkpoints the
+// policy's engine with state() beside it, and rolls back to a snapshot when the guardian sees the
+// figures train() returns go wrong.
+class LeaveOneOutReinforce : public rlhf::PolicyAlgorithm {
+ public:
+  LeaveOneOutReinforce(hybrid::HybridEngine& actor, models::CausalLM reference, const tokenizer::Tokenizer& tokenizer,
+                       int64_t samples, std::string output_dir)
+      : actor_(actor), tokenizer_(tokenizer), samples_(samples), output_dir_(std::move(output_dir)) {
+    sources_.policy = &actor;
+    sources_.reference = std::move(reference);
+    sources_.reward = ground_truth_reward(tokenizer);
+    const int64_t pad = rlhf::pad_token_of(tokenizer);
+    options_.generation.max_new_tokens = 8;
+    options_.generation.do_sample = true;
+    options_.generation.num_return_sequences = samples;
+    options_.generation.eos_token_id = pad;
+    options_.generation.pad_token_id = pad;
+    options_.pad_token_id = pad;
+    options_.drop_short_answers = false;  // a prompt's n answers form its baseline
+  }
+
+  torch::Device device() const override { return actor_.actor()->parameters().front().device(); }
+  std::vector<engine::TrainingEngine*> engines() override { return {&actor_.training_engine()}; }
+  nlohmann::json state() const override { return {{"rewards", rewards_}}; }
+  void restore(const nlohmann::json& state) override { rewards_ = state.at("rewards").get<std::vector<double>>(); }
+
+  // The guardian's held-out check: one greedy answer to each fixed prompt, the mean reward.
+  double heldout_score(const data::PromptBatch& prompts) override {
+    rlhf::ExperienceOptions greedy = options_;
+    greedy.generation.do_sample = false;
+    greedy.generation.num_return_sequences = 1;
+    std::optional<rlhf::Experience> exp =
+        rlhf::generate_experience(sources_, prompts.input_ids, prompts.attention_mask, greedy);
+    return exp ? exp->reward_score.mean().item<double>() : 0.0;
+  }
+
+  void start(rlhf::PolicyLoop& loop) override { loop_ = &loop; }
+
+  rlhf::Collected collect(const data::PromptBatch& batch, const rlhf::PolicyBatch& at) override {
+    options_.generation.seed = at.sample_seed;
+    experience_ = rlhf::generate_experience(sources_, batch.input_ids, batch.attention_mask, options_);
+    return experience_ ? rlhf::Collected::kStepReady : rlhf::Collected::kSkipped;
+  }
+
+  std::optional<monitor::StepFigures> train(const rlhf::PolicyStep& step) override {
+    const rlhf::Experience& exp = *experience_;
+    torch::Tensor mask = rlhf::answer_mask(exp.attention_mask, exp.prompt_length);                 // [K, L-1]
+    torch::Tensor advantages = leave_one_out_advantages(exp.reward_score, samples_);               // [K]
+    torch::Tensor log_probs = rlhf::sequence_log_probs(actor_.actor(), exp.seq, exp.attention_mask);  // [K, L-1]
+    torch::Tensor loss = -(advantages * rlhf::masked_sum(log_probs, mask)).mean();                // []
+    actor_.training_engine().backward(loss);
+    actor_.training_engine().step();
+
+    const double kl = (rlhf::masked_sum(exp.logprobs - exp.ref_logprobs, mask).sum() / mask.sum()).item<double>();
+    const double reward = exp.reward_score.mean().item<double>();
+    rewards_.push_back(reward);
+    loop_->metrics().write("reinforce", step.step, {{"reward", reward}, {"loss", loss.item<double>()}, {"kl", kl}});
+    loop_->progress().update(step.progress_done, "reward " + std::to_string(reward));
+    std::cout << "step " << step.step << " | mean reward " << reward << " | loss " << loss.item<double>()
+              << " | kl " << kl << " | answers " << exp.rows() << "\n";
+    experience_.reset();
+    monitor::StepFigures figures;  // what the guardian judges the step by
+    figures.step = step.step;
+    figures.loss = loss.item<double>();
+    figures.kl = kl;
+    figures.reward = reward;
+    return figures;
+  }
+
+  void drop_collected() override { experience_.reset(); }
+
+  void save_outputs(int64_t steps) override {
+    rlhf::save_trained_model(actor_.training_engine(), actor_.actor()->config(), tokenizer_, output_dir_,
+                             {{"steps", steps}, {"step_rewards", rewards_}}, loop_->context());
+  }
+
+ private:
+  hybrid::HybridEngine& actor_;
+  const tokenizer::Tokenizer& tokenizer_;
+  int64_t samples_;
+  std::string output_dir_;
+  rlhf::ExperienceSources sources_;
+  rlhf::ExperienceOptions options_;
+  rlhf::PolicyLoop* loop_ = nullptr;
+  std::optional<rlhf::Experience> experience_;  // the step's answers, until train()
+  std::vector<double> rewards_;                  // each step's mean reward (kept in checkpoints)
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,15 +188,34 @@ int main(int argc, char** argv) {
     const tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::load(args.model_dir);
     const int64_t pad = rlhf::pad_token_of(tokenizer);
 
+    // The loop: every prompt batch of phase 3's split, one step per batch, a checkpoint every
+    // --checkpoint-interval steps, at most --steps steps.
+    rlhf::StepContext context;  // one process; see dschat/dist for several ranks
+    rlhf::PolicyLoopSettings settings;
+    settings.where = "reinforce_trainer";
+    settings.progress_name = "REINFORCE";
+    settings.output_dir = args.output_dir + "/actor";
+    settings.common.dtype = "fp32";
+    settings.common.seed = 1234;
+    settings.common.num_train_epochs = args.steps;  // each epoch has at least one step
+    settings.common.checkpoint_interval = args.checkpoint_interval;
+    settings.generation_batch_size = args.prompts_per_step;
+    settings.prompt_length = 24;
+    settings.stop_after_step = args.steps;
+    rlhf::PolicyLoop loop(settings, context);
+
     // Prompts: phase 3 of DeepSpeed-Chat's data pipeline (left-padded prompt batches).
     rlhf::DataConfig data_config;
     data_config.data_path = {"local/jsonfile"};
     data_config.local_jsonfile_dir = args.data_dir;
     data_config.data_split = "0,0,10";
     data_config.data_output_path = "";  // no tokenised cache for an example
-    const int64_t prompt_length = 24;
-    data::PhaseData prompts = data::create_prompt_dataset(
-        rlhf::prompt_data_options(data_config, 3, 1234, prompt_length, rlhf::eos_text_of(tokenizer)), tokenizer);
+    const data::PhaseData prompts = data::create_prompt_dataset(
+        rlhf::prompt_data_options(data_config, 3, settings.common.seed, settings.prompt_length,
+                                  rlhf::eos_text_of(tokenizer)),
+        tokenizer);
+    DSCHAT_CHECK(prompts.train.size() > 0, InvalidArgument, args.data_dir, ": no prompts in the phase-3 split");
+    loop.set_prompts(prompts, pad);
 
     // The policy in a HybridEngine (trains with the training engine, samples with the inference
     // engine), with DeepSpeed-Chat's optimizer defaults; the reference for the KL we report.
@@ -111,62 +227,21 @@ int main(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       for (auto& item : reference->named_parameters()) item.value().copy_(policy->named_parameters()[item.key()]);
     }
-    rlhf::CommonStepConfig common;
-    common.dtype = "fp32";
     rlhf::ModelTrainingConfig model_config;
     model_config.learning_rate = 1e-4;
-    rlhf::StepContext context;  // one process; see dschat/dist for several ranks
     engine::HybridEngineConfig hybrid_config;
-    hybrid_config.max_out_tokens = prompt_length + 8;
+    hybrid_config.max_out_tokens = settings.prompt_length + 8;
     hybrid::HybridEngineOptions options;
     options.training = rlhf::training_engine_options(
-        common, model_config,
-        rlhf::train_ds_config(common, /*zero_stage=*/0, args.prompts_per_step * args.samples, 1, 1, "example",
+        settings.common, model_config,
+        rlhf::train_ds_config(settings.common, /*zero_stage=*/0, args.prompts_per_step * args.samples, 1, 1, "example",
                               &hybrid_config),
         args.steps, context);
     hybrid::HybridEngine actor(policy, std::move(options));
 
-    rlhf::ExperienceSources sources;
-    sources.policy = &actor;
-    sources.reference = reference;
-    sources.reward = ground_truth_reward(tokenizer);
-    rlhf::ExperienceOptions experience;
-    experience.generation.max_new_tokens = 8;
-    experience.generation.do_sample = true;
-    experience.generation.num_return_sequences = args.samples;
-    experience.generation.eos_token_id = pad;
-    experience.generation.pad_token_id = pad;
-    experience.pad_token_id = pad;
-    experience.drop_short_answers = false;  // a prompt's n answers form its baseline
-
-    monitor::MetricsLog metrics(args.output_dir + "/logs");
-    const int64_t available = prompts.train.size();
-    DSCHAT_CHECK(available > 0, InvalidArgument, args.data_dir, ": no prompts in the phase-3 split");
-    for (int64_t step = 0; step < args.steps; ++step) {
-      std::vector<int64_t> items;
-      for (int64_t i = 0; i < args.prompts_per_step; ++i) items.push_back((step * args.prompts_per_step + i) % available);
-      data::PromptBatch batch = data::collate_prompts(prompts.train, items, pad, prompt_length);
-      experience.generation.seed = 1000 + static_cast<uint64_t>(step);
-      std::optional<rlhf::Experience> exp =
-          rlhf::generate_experience(sources, batch.input_ids, batch.attention_mask, experience);
-      if (!exp) continue;
-
-      torch::Tensor mask = rlhf::answer_mask(exp->attention_mask, exp->prompt_length);           // [K, L-1]
-      torch::Tensor advantages = leave_one_out_advantages(exp->reward_score, args.samples);      // [K]
-      torch::Tensor log_probs = rlhf::sequence_log_probs(actor.actor(), exp->seq, exp->attention_mask);  // [K, L-1]
-      torch::Tensor loss = -(advantages * rlhf::masked_sum(log_probs, mask)).mean();            // []
-      actor.training_engine().backward(loss);
-      actor.training_engine().step();
-
-      const double kl = (rlhf::masked_sum(exp->logprobs - exp->ref_logprobs, mask).sum() / mask.sum()).item<double>();
-      const double reward = exp->reward_score.mean().item<double>();
-      metrics.write("reinforce", step + 1, {{"reward", reward}, {"loss", loss.item<double>()}, {"kl", kl}});
-      std::cout << "step " << step + 1 << " | mean reward " << reward << " | loss " << loss.item<double>()
-                << " | kl " << kl << " | answers " << exp->rows() << "\n";
-    }
-    rlhf::save_trained_model(actor.training_engine(), policy->config(), tokenizer, args.output_dir + "/actor",
-                             {{"steps", args.steps}}, context);
-    std::cout << "saved " << args.output_dir << "/actor\n";
+    LeaveOneOutReinforce algorithm(actor, reference, tokenizer, args.samples, settings.output_dir.string());
+    loop.run(algorithm);
+    std::cout << "saved " << settings.output_dir.string() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "reinforce_trainer: " << e.what() << "\n";
     return 1;

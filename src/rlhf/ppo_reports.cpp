@@ -65,7 +65,7 @@ void PpoStepReports::report(const PendingPpoStep& p, const PpoStepMeans& m) {
                    " | KL: ", result_.mean_kl);
   }
   const bool mixture = !config_.data.unsupervised_dataset_name.empty();
-  metrics_.write("ppo", p.step, {{"reward", reward},
+  loop_.metrics().write("ppo", p.step, {{"reward", reward},
                                  {"reward_ema", result_.reward_ema},
                                  {"kl", result_.mean_kl},
                                  {"actor_loss", actor_loss},
@@ -79,7 +79,7 @@ void PpoStepReports::report(const PendingPpoStep& p, const PpoStepMeans& m) {
                                  {"seqs_per_sec", seqs_per_second}});
   const std::vector<std::string> answers = decode_answers(p.last_seq, p.prompt_length, tokenizer_);
   collapse_.observe_step(answer_len, result_.mean_kl, answers);
-  progress_.update(p.progress_done, "reward " + std::to_string(reward) + ", kl " + std::to_string(result_.mean_kl));
+  loop_.progress().update(p.progress_done, "reward " + std::to_string(reward) + ", kl " + std::to_string(result_.mean_kl));
 
   monitor::StepFigures health;
   health.step = p.step;
@@ -94,8 +94,7 @@ void PpoStepReports::report(const PendingPpoStep& p, const PpoStepMeans& m) {
   health.max_answer_tokens = config_.max_answer_seq_len;
   health.repeated_share = all_reduce_mean(context_, repeated_answer_share(answers));
   health.reward = reward;
-  check_policy_step(guard_, health, heldout_score_,
-                    {{"epoch", p.epoch}, {"begin", p.first_batch}, {"end", p.end_batch}});
+  loop_.check_step(health, p.epoch, p.first_batch, p.end_batch);
 }
 
 }  // namespace rlhf

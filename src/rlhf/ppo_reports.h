@@ -6,15 +6,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "dschat/monitor/collapse_warnings.h"
-#include "dschat/monitor/metrics_log.h"
-#include "dschat/monitor/progress.h"
-#include "dschat/rlhf/guarded_run.h"
 #include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/policy_loop.h"
 #include "dschat/rlhf/ppo_step.h"
 #include "dschat/rlhf/ppo_trainer.h"
 #include "dschat/rlhf/step_context.h"
@@ -47,12 +44,11 @@ struct PendingPpoStep {
 // read would have written; all-reduced as before, so every rank must read at the same steps.
 class PpoStepReports {
  public:
+  /// `loop`: its metrics, progress display and guardian check (PolicyLoop::check_step).
   PpoStepReports(const PpoConfig& config, const StepContext& context, const tokenizer::Tokenizer& tokenizer,
-                 monitor::MetricsLog& metrics, monitor::Progress& progress, PpoResult& result, bool have_reward_ema,
-                 GuardedRun& guard, std::function<double()> heldout_score)
-      : config_(config), context_(context), tokenizer_(tokenizer), metrics_(metrics), progress_(progress),
-        result_(result), have_reward_ema_(have_reward_ema), guard_(guard), heldout_score_(std::move(heldout_score)),
-        collapse_(config.max_answer_seq_len, config.min_answer_tokens) {}
+                 PolicyLoop& loop, PpoResult& result, bool have_reward_ema)
+      : config_(config), context_(context), tokenizer_(tokenizer), loop_(loop), result_(result),
+        have_reward_ema_(have_reward_ema), collapse_(config.max_answer_seq_len, config.min_answer_tokens) {}
 
   PpoStatsQueue& stats() { return stats_; }
   // After a rollback: the unread statistics belong to the abandoned steps.
@@ -70,12 +66,9 @@ class PpoStepReports {
   const PpoConfig& config_;
   const StepContext& context_;
   const tokenizer::Tokenizer& tokenizer_;
-  monitor::MetricsLog& metrics_;
-  monitor::Progress& progress_;
+  PolicyLoop& loop_;
   PpoResult& result_;
   bool have_reward_ema_;
-  GuardedRun& guard_;
-  std::function<double()> heldout_score_;  // empty: no held-out check
   monitor::CollapseWatch collapse_;
   PpoStatsQueue stats_;
   std::vector<PendingPpoStep> pending_;

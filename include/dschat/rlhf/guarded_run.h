@@ -40,6 +40,10 @@ class GuardedRun {
   const monitor::Guardian& guardian() const { return guardian_; }
   const monitor::GuardianConfig& config() const { return guardian_.config(); }
   bool enabled() const { return guardian_.enabled(); }
+  /// Whether the guardian looks at the weights after each step (its non_finite signal is on).
+  bool checks_weights() const {
+    return guardian_.enabled() && guardian_.config().non_finite.action != monitor::GuardianAction::kOff;
+  }
 
   /// Collective: the means of `values` over the ranks (as they are in a world of one).
   std::vector<double> mean_over_ranks(std::vector<double> values) const;
