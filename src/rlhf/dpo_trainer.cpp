@@ -12,6 +12,7 @@
 #include "dschat/rlhf/step_runner.h"
 #include "dschat/rlhf/step_setup.h"
 #include "dschat/rlhf/supervised_loop.h"
+#include "rlhf/supervised_step.h"
 #include "rlhf/memory_hint.h"
 
 namespace dschat {
@@ -112,22 +113,16 @@ DpoEvaluation evaluate_dpo(DpoModels& models, const data::TokenizedDataset& pair
   return e;
 }
 
-DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, MemoryPhase& memory) {
-  const auto start = Clock::now();
-  const std::string where = kStep;
-  const int64_t rank = context_rank(context), world = context_world(context);
-  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
-  StepRunner runner(where, config.output_dir, config.common, context);
-  torch::manual_seed(config.common.seed);
-
-  auto tokenizer = load_step_tokenizer(context, config.model_name_or_path);
-  DpoModels models;
+// The policy and its frozen reference (DS-Chat's reference: get_eval_ds_config with
+// offload_reference_model, stage 3 if the policy's is, else 0), both from the SFT model, with the
+// same weights when initialised at random; `deferred`: the policy's ZeRO-3 partitioned load.
+void load_dpo_models(DpoModels& models, const DpoConfig& config, const StepContext& context,
+                     const tokenizer::Tokenizer& tokenizer, std::shared_ptr<models::DeferredParameters>& deferred) {
   models.config = &config;
   models.pad = pad_token_of(tokenizer);
-  models.device = step_device(config.common, context, where);
-  models::LoadOptions load = step_load_options(config.common, config.model, context, models.device, where);
+  models.device = step_device(config.common, context, kStep);
+  models::LoadOptions load = step_load_options(config.common, config.model, context, models.device, kStep);
   const bool zero3 = config.model.zero_stage == 3;
-  // DS-Chat's reference: get_eval_ds_config(offload_reference_model, stage 3 if the policy's is, else 0).
   const ModelPlacement reference_at =
       zero3 ? ModelPlacement{models.device, load.dtype, true, config.offload_reference_model}
       : config.offload_reference_model ? ModelPlacement{torch::kCPU, load.dtype}
@@ -137,51 +132,21 @@ DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, Me
   models.reference =
       load_frozen_causal_lm(config.model_name_or_path, reference_at, load, context, models.reference_engine);
   torch::manual_seed(config.common.seed);  // a random init gives the policy the reference's weights
-  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
+  deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models.policy = models::load_causal_lm(config.model_name_or_path, load);
-  check_vocab(models.policy->config().vocab_size, tokenizer, config.model_name_or_path);
-  check_sequence_length(models.policy->config(), config.max_seq_len, where + ": key 'max_seq_len'",
-                        config.model_name_or_path);
-  models.policy->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
-  apply_lora(*models.policy, config.model, config.common.only_optimize_lora);
-  models.policy->train();
+  prepare_trained_model(models.policy, config.model, config.common, tokenizer, config.model_name_or_path,
+                        config.max_seq_len, kStep);
+}
 
-  data::PhaseData phase = data::create_prompt_dataset(
-      prompt_data_options(config.data, 2, config.common.seed, config.max_seq_len, eos_text_of(tokenizer)), tokenizer);
-  data::DistributedSampler sampler(phase.train.size(), world, rank, /*shuffle=*/true, config.common.seed);
-  const int64_t micro = config.per_device_train_batch_size;
-  const int64_t gas = config.common.gradient_accumulation_steps;
-  const int64_t batches_per_epoch = (sampler.num_samples() + micro - 1) / micro;
-  const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
-  std::unique_ptr<engine::TrainingEngine> engine_owner =
-      make_training_engine(models.policy.ptr(), config.common, config.model, micro, total_steps, context, where,
-                           std::move(deferred));
-  engine::TrainingEngine& engine = *engine_owner;
-  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
-  memory.enter("training", MemoryAdvice::kTrain);
-
-  DpoResult result;
-  SupervisedLoop<data::RewardBatch> loop;
-  loop.use_step_config(config.common, context);
-  loop.metrics = &metrics;
-  loop.eval_interval = config.eval_interval;
-  loop.progress_label = "DPO";
-  loop.progress_total = total_steps;
-  loop.on_resume = [&](const ResumePoint& at) {
-    result.before = evaluation_from_json(at.client_state.at("before"));
-    result.resumed = true;
-    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", at.epoch,
-                   ", micro-batch ", at.micro_batch);
-  };
-  loop.client_state = [&] { return nlohmann::json{{"before", evaluation_json(result.before)}}; };
+// The implicit rewards before training, every eval_interval steps and after each epoch; the
+// epoch's mean loss; the step reports.
+void add_dpo_reports(SupervisedLoop<data::RewardBatch>& loop, const DpoConfig& config, const StepContext& context,
+                     DpoModels& models, engine::TrainingEngine& engine, const SupervisedData& data,
+                     monitor::MetricsLog& metrics, DpoResult& result, MemoryPhase& memory) {
   loop.evaluate = [&](const EvaluationRequest& at) {
-    const bool before = at.point == EvaluationPoint::kBeforeTraining;
-    if (before || at.point == EvaluationPoint::kEpochEnd) {
-      core::log_info("***** Evaluating rewards, Epoch ", before ? 0 : at.epoch + 1, "/",
-                     config.common.num_train_epochs, " *****");
-    }
+    log_evaluation_banner("rewards", at, config.common.num_train_epochs);
     memory.enter("evaluating the implicit rewards", MemoryAdvice::kEvaluate);
-    const DpoEvaluation e = evaluate_dpo(models, phase.eval, context);
+    const DpoEvaluation e = evaluate_dpo(models, data.phase.eval, context);
     memory.enter("training", MemoryAdvice::kTrain);
     engine.release_gathered_parameters();
     core::log_info("chosen: ", e.chosen_reward, ", rejected: ", e.rejected_reward, ", margin: ", e.margin(),
@@ -190,37 +155,59 @@ DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, Me
                                    {"eval_rejected_reward", e.rejected_reward}, {"eval_margin", e.margin()},
                                    {"eval_acc", e.accuracy}});
     if (at.point == EvaluationPoint::kInterval) return;
-    (before ? result.before : result.after) = e;
+    (at.point == EvaluationPoint::kBeforeTraining ? result.before : result.after) = e;
   };
   loop.on_epoch_end = [&](const EpochDone& done) {
-    result.mean_train_loss = all_reduce_mean(context, done.mean_loss);
-    core::log_info("Epoch ", done.epoch + 1, "/", config.common.num_train_epochs, " with loss ",
-                   result.mean_train_loss);
-  };
-  loop.epoch_batches = [&](int64_t epoch) {
-    return data::EpochBatches<data::RewardBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_reward(phase.train, items, {models.pad, std::nullopt}).pinned_for(models.device);
-    });
-  };
-  loop.train_micro_batch = [&](const data::RewardBatch& host_batch) {
-    return models.loss(host_batch.to(models.device, /*non_blocking=*/true)).loss;  // []
+    result.mean_train_loss = log_epoch_loss(done, config.common.num_train_epochs, context);
   };
   loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::RewardBatch& batch) {
     const double mean_loss = all_reduce_mean(context, done.window_loss);
     metrics.write("dpo", done.step, {{"loss", mean_loss}, {"lr", done.learning_rates.front()}});
     // A pair is two rows: chosen and rejected.
-    log_step_throughput(done, 2 * micro * gas, batch.input_ids.size(1), models.policy->config(), config.model,
-                        config.common, context);
+    log_step_throughput(done, 2 * data.micro * data.gas, batch.input_ids.size(1), models.policy->config(),
+                        config.model, config.common, context);
     return "loss " + std::to_string(mean_loss);
   };
-  loop.save_model = [&] {
-    result.optimizer_steps = engine.global_steps();
-    result.seconds = seconds_since(start);
-    core::log_info("saving the final model ...");
-    save_trained_model(engine, models.policy->config(), tokenizer, config.output_dir, result.to_json(), context);
+}
+
+DpoResult run_dpo_phases(const DpoConfig& config, const StepContext& context, MemoryPhase& memory) {
+  StepOpening open(kStep, config.output_dir, config.common, context, config.model_name_or_path);
+  DpoModels models;
+  std::shared_ptr<models::DeferredParameters> deferred;
+  load_dpo_models(models, config, context, open.tokenizer, deferred);
+  SupervisedData data = load_supervised_data(config.data, 2, config.common, config.max_seq_len,
+                                             eos_text_of(open.tokenizer), config.per_device_train_batch_size,
+                                             open.tokenizer, context);
+  std::unique_ptr<engine::TrainingEngine> engine =
+      make_training_engine(models.policy.ptr(), config.common, config.model, data.micro, data.total_steps, context,
+                           kStep, std::move(deferred));
+  monitor::MetricsLog metrics(open.runner.log_dir(), metrics_log_options(config.common, context));
+  memory.enter("training", MemoryAdvice::kTrain);
+
+  DpoResult result;
+  SupervisedLoop<data::RewardBatch> loop;
+  use_supervised_step(loop, config.common, context, metrics, "DPO", data.total_steps, config.eval_interval);
+  loop.on_resume = [&](const ResumePoint& at) {
+    result.before = evaluation_from_json(at.client_state.at("before"));
+    result.resumed = true;
+    log_resume(kStep, open.runner, at);
   };
-  setup_sync.reset();
-  loop.run(runner, engine);
+  loop.client_state = [&] { return nlohmann::json{{"before", evaluation_json(result.before)}}; };
+  add_dpo_reports(loop, config, context, models, *engine, data, metrics, result, memory);
+  loop.epoch_batches = [&](int64_t epoch) {
+    return data::EpochBatches<data::RewardBatch>(data.sampler, epoch, data.micro, false,
+                                                 [&](const std::vector<int64_t>& items) {
+                                                   return data::collate_reward(data.phase.train, items,
+                                                                               {models.pad, std::nullopt})
+                                                       .pinned_for(models.device);
+                                                 });
+  };
+  loop.train_micro_batch = [&](const data::RewardBatch& host_batch) {
+    return models.loss(host_batch.to(models.device, /*non_blocking=*/true)).loss;  // []
+  };
+  loop.save_model =
+      final_save(result, open, *engine, models.policy->config(), config.output_dir, context, /*announce=*/true);
+  run_supervised_step(loop, open, *engine);
   return result;
 }
 

@@ -17,13 +17,6 @@
 
 namespace dschat {
 namespace rlhf {
-namespace {
-
-namespace fs = std::filesystem;
-using Clock = core::SteadyClock;
-using core::seconds_since;
-
-}  // namespace
 
 nlohmann::json PpoResult::to_json() const {
   return {{"step_rewards", step_rewards},     {"reward_ema", reward_ema},
@@ -34,6 +27,10 @@ nlohmann::json PpoResult::to_json() const {
 }
 
 namespace {
+
+namespace fs = std::filesystem;
+using Clock = core::SteadyClock;
+using core::seconds_since;
 
 // PPO as a PolicyLoop algorithm: experience of generation_batches prompt batches (with the
 // unsupervised mixture's batches beside them), then ppo_epochs passes over its micro-batches

@@ -13,6 +13,7 @@
 #include "dschat/rlhf/step_runner.h"
 #include "dschat/rlhf/step_setup.h"
 #include "dschat/rlhf/supervised_loop.h"
+#include "rlhf/supervised_step.h"
 
 namespace dschat {
 namespace rlhf {
@@ -109,19 +110,55 @@ RewardEvaluation evaluate_reward_model_on_data(const std::string& model_dir, con
 
 namespace {
 
-RewardResult run_reward_phases(const RewardConfig& config, const StepContext& context, MemoryPhase& memory) {
-  const auto start = Clock::now();
-  const std::string where = "step 2 (reward model)";
-  const int64_t rank = context_rank(context), world = context_world(context);
-  // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
-  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
-  StepRunner runner(where, config.output_dir, config.common, context);
-  torch::manual_seed(config.common.seed);
+// What the reward model's hooks use of the step's setup.
+struct RewardModelStep {
+  models::ValueHeadModel& model;
+  engine::TrainingEngine& engine;
+  SupervisedData& data;
+  monitor::MetricsLog& metrics;
+  int64_t pad, npb;  // pad token; num_padding_at_beginning
+};
 
-  auto tokenizer = load_step_tokenizer(context, config.model_name_or_path);
-  const int64_t pad = pad_token_of(tokenizer);
+// Accuracy and scores before training, every eval_interval steps and after each epoch; the
+// epoch's mean loss; the step reports.
+void add_reward_reports(SupervisedLoop<data::RewardBatch>& loop, const RewardConfig& config, const StepContext& context,
+                        RewardModelStep& m, RewardResult& result, MemoryPhase& memory) {
+  loop.evaluate = [&](const EvaluationRequest& at) {
+    log_evaluation_banner("reward", at, config.common.num_train_epochs);
+    memory.enter("evaluating accuracy", MemoryAdvice::kEvaluate);
+    const RewardEvaluation e = evaluate_reward_model(m.model, m.data.phase.eval, config.per_device_eval_batch_size,
+                                                     config.eval_iters, m.pad, m.npb, context);
+    memory.enter("training", MemoryAdvice::kTrain);
+    m.engine.release_gathered_parameters();
+    log_evaluation(e);
+    m.metrics.write("rm", at.step, {{"eval_acc", e.accuracy}, {"eval_chosen", e.chosen_score},
+                                    {"eval_rejected", e.rejected_score}});
+    if (at.point != EvaluationPoint::kInterval) {
+      (at.point == EvaluationPoint::kBeforeTraining ? result.before : result.after) = e;
+      return;
+    }
+    core::log_info("Iter ", at.step, ": c_scores: ", e.chosen_score, ", r_scores: ", e.rejected_score,
+                   ", diff: ", e.chosen_score - e.rejected_score, ", acc: ", e.accuracy);
+  };
+  loop.on_epoch_end = [&](const EpochDone& done) {
+    result.mean_train_loss = log_epoch_loss(done, config.common.num_train_epochs, context);
+  };
+  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::RewardBatch& batch) {
+    m.metrics.write("rm", done.step, {{"loss", all_reduce_mean(context, done.window_loss)},
+                                      {"lr", done.learning_rates.front()}});
+    // A pair is two rows: chosen and rejected.
+    log_step_throughput(done, 2 * m.data.micro * m.data.gas, batch.input_ids.size(1), m.model->config(),
+                        config.model, config.common, context);
+    return "loss " + std::to_string(done.window_loss);
+  };
+}
+
+RewardResult run_reward_phases(const RewardConfig& config, const StepContext& context, MemoryPhase& memory) {
+  const std::string where = "step 2 (reward model)";
+  StepOpening open(where, config.output_dir, config.common, context, config.model_name_or_path);
+  const int64_t pad = pad_token_of(open.tokenizer);
   RewardResult result;
-  result.num_padding_at_beginning = config.num_padding_at_beginning.value_or(padding_at_beginning(tokenizer));
+  result.num_padding_at_beginning = config.num_padding_at_beginning.value_or(padding_at_beginning(open.tokenizer));
   const int64_t npb = result.num_padding_at_beginning;
 
   const torch::Device device = step_device(config.common, context, where);
@@ -129,70 +166,34 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);
-  check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
-  check_sequence_length(model->config(), config.max_seq_len, where + ": key 'max_seq_len'", config.model_name_or_path);
-  model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
-  apply_lora(*model, config.model, config.common.only_optimize_lora, {"v_head.weight"});
-  model->train();
+  prepare_trained_model(model, config.model, config.common, open.tokenizer, config.model_name_or_path,
+                        config.max_seq_len, where, {"v_head.weight"});
+  SupervisedData data = load_supervised_data(config.data, 2, config.common, config.max_seq_len,
+                                             eos_text_of(open.tokenizer), config.per_device_train_batch_size,
+                                             open.tokenizer, context);
+  std::unique_ptr<engine::TrainingEngine> engine = make_training_engine(
+      model.ptr(), config.common, config.model, data.micro, data.total_steps, context, where, std::move(deferred));
+  monitor::MetricsLog metrics(open.runner.log_dir(), metrics_log_options(config.common, context));
+  RewardModelStep m{model, *engine, data, metrics, pad, npb};
 
-  data::PhaseData phase = data::create_prompt_dataset(
-      prompt_data_options(config.data, 2, config.common.seed, config.max_seq_len, eos_text_of(tokenizer)), tokenizer);
-  data::DistributedSampler sampler(phase.train.size(), world, rank, /*shuffle=*/true, config.common.seed);
-  const int64_t micro = config.per_device_train_batch_size;
-  const int64_t gas = config.common.gradient_accumulation_steps;
-  const int64_t batches_per_epoch = (sampler.num_samples() + micro - 1) / micro;
-  const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
-  std::unique_ptr<engine::TrainingEngine> engine_owner =
-      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where,
-                           std::move(deferred));
-  engine::TrainingEngine& engine = *engine_owner;
-  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
   SupervisedLoop<data::RewardBatch> loop;
-  loop.use_step_config(config.common, context);
-  loop.metrics = &metrics;
-  loop.eval_interval = config.eval_interval;
-  loop.progress_label = "reward model";
-  loop.progress_total = total_steps;
+  use_supervised_step(loop, config.common, context, metrics, "reward model", data.total_steps, config.eval_interval);
   loop.on_resume = [&](const ResumePoint& at) {
     const nlohmann::json& before = at.client_state.at("before");
     result.before.accuracy = before.at("accuracy").get<double>();
     result.before.chosen_score = before.at("chosen_score").get<double>();
     result.before.rejected_score = before.at("rejected_score").get<double>();
     result.resumed = true;
-    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", at.epoch,
-                   ", micro-batch ", at.micro_batch);
+    log_resume(where, open.runner, at);
   };
   loop.client_state = [&] { return nlohmann::json{{"before", evaluation_json(result.before)}}; };
-  loop.evaluate = [&](const EvaluationRequest& at) {
-    const bool before = at.point == EvaluationPoint::kBeforeTraining;
-    if (before || at.point == EvaluationPoint::kEpochEnd) {
-      core::log_info("***** Evaluating reward, Epoch ", before ? 0 : at.epoch + 1, "/",
-                     config.common.num_train_epochs, " *****");
-    }
-    memory.enter("evaluating accuracy", MemoryAdvice::kEvaluate);
-    const RewardEvaluation e = evaluate_reward_model(model, phase.eval, config.per_device_eval_batch_size,
-                                                     config.eval_iters, pad, npb, context);
-    memory.enter("training", MemoryAdvice::kTrain);
-    engine.release_gathered_parameters();
-    log_evaluation(e);
-    metrics.write("rm", at.step, {{"eval_acc", e.accuracy}, {"eval_chosen", e.chosen_score},
-                                  {"eval_rejected", e.rejected_score}});
-    if (at.point != EvaluationPoint::kInterval) {
-      (before ? result.before : result.after) = e;
-      return;
-    }
-    core::log_info("Iter ", at.step, ": c_scores: ", e.chosen_score, ", r_scores: ", e.rejected_score,
-                   ", diff: ", e.chosen_score - e.rejected_score, ", acc: ", e.accuracy);
-  };
-  loop.on_epoch_end = [&](const EpochDone& done) {
-    result.mean_train_loss = all_reduce_mean(context, done.mean_loss);
-    core::log_info("Epoch ", done.epoch + 1, "/", config.common.num_train_epochs, " with loss ",
-                   result.mean_train_loss);
-  };
+  add_reward_reports(loop, config, context, m, result, memory);
   loop.epoch_batches = [&](int64_t epoch) {
-    return data::EpochBatches<data::RewardBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_reward(phase.train, items, {pad, std::nullopt}).pinned_for(device);
-    });
+    return data::EpochBatches<data::RewardBatch>(data.sampler, epoch, data.micro, false,
+                                                 [&](const std::vector<int64_t>& items) {
+                                                   return data::collate_reward(data.phase.train, items, {pad, std::nullopt})
+                                                       .pinned_for(device);
+                                                 });
   };
   loop.train_micro_batch = [&](const data::RewardBatch& host_batch) {
     const data::RewardBatch batch = host_batch.to(device, /*non_blocking=*/true);
@@ -200,21 +201,8 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
     // The pair indices come from the host ids: no wait for the device in the loss.
     return reward_pairwise_loss(host_batch.input_ids, values, pad, npb, config.common.compute_fp32_loss).loss;  // []
   };
-  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::RewardBatch& batch) {
-    metrics.write("rm", done.step, {{"loss", all_reduce_mean(context, done.window_loss)},
-                                    {"lr", done.learning_rates.front()}});
-    // A pair is two rows: chosen and rejected.
-    log_step_throughput(done, 2 * micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
-                        context);
-    return "loss " + std::to_string(done.window_loss);
-  };
-  loop.save_model = [&] {
-    result.optimizer_steps = engine.global_steps();
-    result.seconds = seconds_since(start);
-    save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
-  };
-  setup_sync.reset();
-  loop.run(runner, engine);
+  loop.save_model = final_save(result, open, *engine, model->config(), config.output_dir, context, /*announce=*/false);
+  run_supervised_step(loop, open, *engine);
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include "dschat/rlhf/step_runner.h"
 #include "dschat/rlhf/step_setup.h"
 #include "dschat/rlhf/supervised_loop.h"
+#include "rlhf/supervised_step.h"
 
 namespace dschat {
 namespace rlhf {
@@ -64,84 +65,93 @@ nlohmann::json SftResult::to_json() const {
 
 namespace {
 
-SftResult run_sft_phases(const SftConfig& config, const StepContext& context, MemoryPhase& memory) {
-  const auto start = Clock::now();
-  const std::string where = kStep;
-  const int64_t rank = context_rank(context), world = context_world(context);
-  // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
-  std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
-  StepRunner runner(where, config.output_dir, config.common, context);
-  torch::manual_seed(config.common.seed);
+// What SFT's hooks use of the step's setup.
+struct SftModel {
+  models::CausalLM& model;
+  std::unique_ptr<engine::TrainingEngine>& engine_owner;
+  SupervisedData& data;
+  monitor::MetricsLog& metrics;
+  int64_t pad;
+  torch::Device device;
+  engine::TrainingEngine& engine() { return *engine_owner; }
+};
 
-  auto tokenizer = load_step_tokenizer(context, config.model_name_or_path);
-  const int64_t pad = pad_token_of(tokenizer);
-  std::string eot = eos_text_of(tokenizer);
-  if (config.common.add_eot_token) {
-    DSCHAT_CHECK(tokenizer.token_to_id(config.eot_token).has_value(), ConfigError, where, ": key 'eot_token' '",
-                 config.eot_token, "' is not a token of ", tokenizer.directory().string(),
-                 " (dschat cannot add tokens to a tokenizer; pick one it has)");
-    eot = config.eot_token;
-  }
+// The end-of-text marker SFT appends to every answer: the tokenizer's eos, or eot_token.
+std::string sft_eot_text(const SftConfig& config, const tokenizer::Tokenizer& tokenizer) {
+  if (!config.common.add_eot_token) return eos_text_of(tokenizer);
+  DSCHAT_CHECK(tokenizer.token_to_id(config.eot_token).has_value(), ConfigError, kStep, ": key 'eot_token' '",
+               config.eot_token, "' is not a token of ", tokenizer.directory().string(),
+               " (dschat cannot add tokens to a tokenizer; pick one it has)");
+  return config.eot_token;
+}
 
-  const torch::Device device = step_device(config.common, context, where);
-  models::LoadOptions load = step_load_options(config.common, config.model, context, device, where);
-  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
-  models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
-  check_vocab(model->config().vocab_size, tokenizer, config.model_name_or_path);
-  check_sequence_length(model->config(), config.max_seq_len, where + ": key 'max_seq_len'", config.model_name_or_path);
-  model->backbone().set_gradient_checkpointing(config.model.gradient_checkpointing);
-  apply_lora(*model, config.model, config.common.only_optimize_lora);
-  model->train();
-
-  data::PhaseData phase = data::create_prompt_dataset(
-      prompt_data_options(config.data, 1, config.common.seed, config.max_seq_len, eot), tokenizer);
-  data::DistributedSampler sampler(phase.train.size(), world, rank, /*shuffle=*/true, config.common.seed);
-  const int64_t micro = config.per_device_train_batch_size;
-  const int64_t batches_per_epoch = (sampler.num_samples() + micro - 1) / micro;
-  const int64_t gas = config.common.gradient_accumulation_steps;
-  const int64_t total_steps = optimizer_steps_for(config.common.num_train_epochs, batches_per_epoch, gas);
-
-  std::unique_ptr<engine::TrainingEngine> engine_owner =
-      make_training_engine(model.ptr(), config.common, config.model, micro, total_steps, context, where,
-                           std::move(deferred));
-  engine::TrainingEngine& engine = *engine_owner;
-  monitor::MetricsLog metrics(runner.log_dir(), metrics_log_options(config.common, context));
-  memory.enter("training", MemoryAdvice::kTrain);
-
-  SftResult result;
-  SupervisedLoop<data::SftBatch> loop;
-  loop.use_step_config(config.common, context);
-  loop.metrics = &metrics;
-  loop.progress_label = "SFT";
-  loop.progress_total = total_steps;
-  loop.on_resume = [&](const ResumePoint& at) {
-    result.eval_loss_before = at.client_state.at("eval_loss_before").get<double>();
-    result.eval_ppl_before = perplexity(static_cast<float>(result.eval_loss_before));
-    result.resumed = true;
-    core::log_info(where, ": resuming from ", runner.checkpoint_dir().string(), " at epoch ", at.epoch,
-                   ", micro-batch ", at.micro_batch, " (optimizer step ", engine.global_steps(), ")");
-  };
-  loop.client_state = [&] { return nlohmann::json{{"eval_loss_before", result.eval_loss_before}}; };
+// Evaluation (perplexity before training and after each epoch) and the step reports.
+void add_sft_reports(SupervisedLoop<data::SftBatch>& loop, const SftConfig& config, const StepContext& context,
+                     SftModel& m, SftResult& result, MemoryPhase& memory) {
   loop.evaluate = [&](const EvaluationRequest& at) {
     const bool before = at.point == EvaluationPoint::kBeforeTraining;
     if (before) core::log_info("***** Running training *****");
-    if (at.point != EvaluationPoint::kResumedAtEnd) {  // which only re-measures the summary's figures
-      core::log_info("***** Evaluating perplexity, Epoch ", before ? 0 : at.epoch + 1, "/",
-                     config.common.num_train_epochs, " *****");
-    }
+    log_evaluation_banner("perplexity", at, config.common.num_train_epochs);
     memory.enter("evaluating perplexity", MemoryAdvice::kEvaluate);
-    const double loss = evaluate_loss(model, engine, phase.eval, config, pad, device, context);
+    const double loss = evaluate_loss(m.model, m.engine(), m.data.phase.eval, config, m.pad, m.device, context);
     memory.enter("training", MemoryAdvice::kTrain);
     const double ppl = perplexity(static_cast<float>(loss));
     (before ? result.eval_loss_before : result.eval_loss_after) = loss;
     (before ? result.eval_ppl_before : result.eval_ppl_after) = ppl;
-    if (at.point == EvaluationPoint::kResumedAtEnd) return;
+    if (at.point == EvaluationPoint::kResumedAtEnd) return;  // it only re-measures the summary's figures
     core::log_info("ppl: ", ppl, ", loss: ", loss);
-    metrics.write("sft", at.step, {{"eval_loss", loss}, {"eval_ppl", ppl}});
+    m.metrics.write("sft", at.step, {{"eval_loss", loss}, {"eval_ppl", ppl}});
   };
+  if (config.print_loss) {  // DS-Chat's line per micro-batch: a read of every loss, so only on request
+    loop.after_backward = [&context](const MicroBatchDone& done) {
+      core::log_info("Epoch: ", done.epoch, ", Step: ", done.index, ", Rank: ", context_rank(context),
+                     ", loss = ", done.loss);
+    };
+  }
+  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::SftBatch& batch) {
+    const double mean_loss = all_reduce_mean(context, done.window_loss);
+    const int64_t rows = m.data.micro * m.data.gas;
+    m.metrics.write("sft", done.step,
+                    {{"loss", mean_loss},
+                     {"lr", done.learning_rates.front()},
+                     {"samples_per_sec", static_cast<double>(rows * context_world(context)) / done.seconds}});
+    log_step_throughput(done, rows, batch.input_ids.size(1), m.model->config(), config.model, config.common, context);
+    return "loss " + std::to_string(mean_loss);
+  };
+}
+
+SftResult run_sft_phases(const SftConfig& config, const StepContext& context, MemoryPhase& memory) {
+  StepOpening open(kStep, config.output_dir, config.common, context, config.model_name_or_path);
+  const int64_t pad = pad_token_of(open.tokenizer);
+  const std::string eot = sft_eot_text(config, open.tokenizer);
+  const torch::Device device = step_device(config.common, context, kStep);
+  models::LoadOptions load = step_load_options(config.common, config.model, context, device, kStep);
+  std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
+  models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
+  prepare_trained_model(model, config.model, config.common, open.tokenizer, config.model_name_or_path,
+                        config.max_seq_len, kStep);
+  SupervisedData data = load_supervised_data(config.data, 1, config.common, config.max_seq_len, eot,
+                                             config.per_device_train_batch_size, open.tokenizer, context);
+  std::unique_ptr<engine::TrainingEngine> engine = make_training_engine(
+      model.ptr(), config.common, config.model, data.micro, data.total_steps, context, kStep, std::move(deferred));
+  monitor::MetricsLog metrics(open.runner.log_dir(), metrics_log_options(config.common, context));
+  memory.enter("training", MemoryAdvice::kTrain);
+  SftModel m{model, engine, data, metrics, pad, device};
+
+  SftResult result;
+  SupervisedLoop<data::SftBatch> loop;
+  use_supervised_step(loop, config.common, context, metrics, "SFT", data.total_steps, 0);
+  loop.on_resume = [&](const ResumePoint& at) {
+    result.eval_loss_before = at.client_state.at("eval_loss_before").get<double>();
+    result.eval_ppl_before = perplexity(static_cast<float>(result.eval_loss_before));
+    result.resumed = true;
+    log_resume(kStep, open.runner, at, " (optimizer step " + std::to_string(engine->global_steps()) + ")");
+  };
+  loop.client_state = [&] { return nlohmann::json{{"eval_loss_before", result.eval_loss_before}}; };
+  add_sft_reports(loop, config, context, m, result, memory);
   loop.epoch_batches = [&](int64_t epoch) {
-    return data::EpochBatches<data::SftBatch>(sampler, epoch, micro, false, [&](const std::vector<int64_t>& items) {
-      return data::collate_sft(phase.train, items, {pad, std::nullopt}, loss_tokens_of(config)).pinned_for(device);
+    return data::EpochBatches<data::SftBatch>(data.sampler, epoch, data.micro, false, [&](const std::vector<int64_t>& items) {
+      return data::collate_sft(data.phase.train, items, {pad, std::nullopt}, loss_tokens_of(config)).pinned_for(device);
     });
   };
   loop.train_micro_batch = [&](const data::SftBatch& host_batch) {
@@ -149,28 +159,8 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
     torch::Tensor logits = model->forward(batch.input_ids, batch.attention_mask, nn::MaskLayout::kRightPadded);  // [B, T, V]
     return causal_lm_loss(logits, batch.labels);                                    // []
   };
-  if (config.print_loss) {  // DS-Chat's line per micro-batch: a read of every loss, so only on request
-    loop.after_backward = [&](const MicroBatchDone& done) {
-      core::log_info("Epoch: ", done.epoch, ", Step: ", done.index, ", Rank: ", rank, ", loss = ", done.loss);
-    };
-  }
-  loop.on_optimizer_step = [&](const OptimizerStepDone& done, const data::SftBatch& batch) {
-    const double mean_loss = all_reduce_mean(context, done.window_loss);
-    metrics.write("sft", done.step, {{"loss", mean_loss},
-                                     {"lr", done.learning_rates.front()},
-                                     {"samples_per_sec", static_cast<double>(micro * gas * world) / done.seconds}});
-    log_step_throughput(done, micro * gas, batch.input_ids.size(1), model->config(), config.model, config.common,
-                        context);
-    return "loss " + std::to_string(mean_loss);
-  };
-  loop.save_model = [&] {
-    result.optimizer_steps = engine.global_steps();
-    result.seconds = seconds_since(start);
-    core::log_info("saving the final model ...");
-    save_trained_model(engine, model->config(), tokenizer, config.output_dir, result.to_json(), context);
-  };
-  setup_sync.reset();
-  loop.run(runner, engine);
+  loop.save_model = final_save(result, open, *engine, model->config(), config.output_dir, context, /*announce=*/true);
+  run_supervised_step(loop, open, *engine);
   return result;
 }
 

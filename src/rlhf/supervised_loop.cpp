@@ -292,6 +292,41 @@ void SupervisedLoopSettings::use_step_config(const CommonStepConfig& common, con
   plain_progress = !context.progress;
 }
 
+namespace {
+
+// Where the epochs start: a resume's position, with the trainer's state, the guardian's and the
+// sample log's restored, or (fresh) epoch 0 after the evaluation before training.
+struct LoopStart {
+  int64_t epoch = 0, micro_batch = 0;
+};
+LoopStart resume_or_start(const SupervisedLoopSettings& settings, StepRunner& runner, engine::TrainingEngine& engine,
+                          GuardedRun* guard, SampleLog* samples) {
+  if (!runner.prepare_resume()) {
+    if (samples) samples->rewind(0, {{"event", "start"}, {"layout", layout_of(engine).to_json()}});
+    evaluate(settings, EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
+    return {};
+  }
+  ResumePoint at;
+  core::HostSync sync("step setup (models, engines, data)");
+  at.client_state = engine.load_checkpoint(runner.checkpoint_dir());
+  at.epoch = at.client_state.at("epoch").get<int64_t>();
+  // Counted in this run's layout: another world size or micro-batch continues at the same sample.
+  at.micro_batch =
+      resume_micro_batch(at.client_state, layout_of(engine), settings.allow_global_batch_change, runner.name());
+  if (guard && at.client_state.contains("guardian")) {
+    guard->guardian().load_state(guardian_state_for(at.client_state, layout_of(engine)));
+  }
+  at.client_state.erase("guardian");
+  if (settings.on_resume) settings.on_resume(at);
+  if (samples) {
+    samples->rewind(engine.global_steps(), {{"event", "resume"}, {"epoch", at.epoch}, {"micro_batch", at.micro_batch},
+                                            {"layout", layout_of(engine).to_json()}});
+  }
+  return {at.epoch, at.micro_batch};
+}
+
+}  // namespace
+
 void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& runner, engine::TrainingEngine& engine,
                          const std::function<SupervisedEpoch(int64_t epoch)>& begin_epoch) {
   DSCHAT_CHECK(settings.save_model && begin_epoch, InvalidArgument,
@@ -304,30 +339,8 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   std::optional<SampleLog> samples;
   if (settings.log_sample_ids) samples.emplace(runner.log_dir(), engine.communicator());
   LoopState loop{settings, runner, engine, guard ? &*guard : nullptr, samples ? &*samples : nullptr};
-  int64_t start_epoch = 0, skip = 0;
-  if (runner.prepare_resume()) {
-    ResumePoint at;
-    core::HostSync sync("step setup (models, engines, data)");
-    at.client_state = engine.load_checkpoint(runner.checkpoint_dir());
-    at.epoch = at.client_state.at("epoch").get<int64_t>();
-    // Counted in this run's layout: another world size or micro-batch continues at the same sample.
-    at.micro_batch =
-        resume_micro_batch(at.client_state, layout_of(engine), settings.allow_global_batch_change, runner.name());
-    start_epoch = at.epoch;
-    skip = at.micro_batch;
-    if (guard && at.client_state.contains("guardian")) {
-      guard->guardian().load_state(guardian_state_for(at.client_state, layout_of(engine)));
-    }
-    at.client_state.erase("guardian");
-    if (settings.on_resume) settings.on_resume(at);
-    if (samples) {
-      samples->rewind(engine.global_steps(), {{"event", "resume"}, {"epoch", at.epoch}, {"micro_batch", skip},
-                                              {"layout", layout_of(engine).to_json()}});
-    }
-  } else {
-    if (samples) samples->rewind(0, {{"event", "start"}, {"layout", layout_of(engine).to_json()}});
-    evaluate(settings, EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
-  }
+  const LoopStart start = resume_or_start(settings, runner, engine, loop.guard, loop.samples);
+  int64_t start_epoch = start.epoch, skip = start.micro_batch;
   // The state a first rollback returns to: the start (or the resumed position).
   if (guard && guard->snapshot_due(engine.global_steps())) loop.snapshot(start_epoch, skip);
 
