@@ -65,7 +65,7 @@ std::string format_plan(const PipelinePlan& plan) {
   }
   out << "\n";
   for (const StepPlan& s : plan.steps) {
-    out << "\nstep" << s.step << " (" << s.kind << ", config block \"" << s.block << "\"): "
+    out << "\nstep" << s.step << " (" << rlhf::step_kind_name(s.kind) << ", config block \"" << s.block << "\"): "
         << (s.fits ? "fits" : "DOES NOT FIT: " + s.why_not) << "\n";
     for (const ModelSummary& m : s.models) {
       out << "  " << pad(m.role, 14) << count(m.parameters) << " parameters (" << count(m.trainable)
@@ -118,7 +118,7 @@ nlohmann::json plan_to_json(const PipelinePlan& plan) {
   j["steps"] = nlohmann::json::array();
   for (const StepPlan& s : plan.steps) {
     nlohmann::json step = {{"step", s.step},
-                           {"kind", s.kind},
+                           {"kind", rlhf::step_kind_name(s.kind)},
                            {"block", s.block},
                            {"fits", s.fits},
                            {"why_not", s.why_not},

@@ -158,7 +158,7 @@ void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
 }
 
 void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int step, int64_t rows) {
-  const bool sft = plan.kind == "sft";
+  const bool sft = plan.kind == rlhf::StepKind::kSft;
   const rlhf::CommonStepConfig& common = c.common_of(step);
   const auto& model = sft ? c.step1.model : c.step2.model;
   const core::ModelConfig shape = sft ? shape_of({c.step1.model_name_or_path}, "step1")
@@ -236,7 +236,7 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   }
   if (g.enable_ema) b.add(frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, false));  // resident only
   for (const rlhf::RewardSourceConfig& source : g.rewards) {
-    if (source.type != "reward_model") continue;
+    if (source.type != rlhf::RewardSourceType::kRewardModel) continue;
     const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards");
     scorers.push_back(&b.add(frozen_setup("reward " + source.name, rm, true, dtype, g.actor.zero_stage, false)));
   }
@@ -317,17 +317,15 @@ StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptio
   StepPlan plan;
   plan.step = step;
   plan.kind = config.kind_of(step);
-  plan.block = plan.kind == "dpo" ? "step2_dpo" : plan.kind == "grpo" ? "step2_grpo" : "step" + std::to_string(step);
+  plan.block = rlhf::step_block_name(plan.kind);
   plan.steps_note = rows < 0 ? "data not counted" : std::to_string(rows) + " rows in the phase";
   StepBuilder builder(plan, options);
-  if (plan.kind == "sft" || plan.kind == "rm") {
-    plan_supervised(builder, plan, config, step, rows);
-  } else if (plan.kind == "dpo") {
-    plan_dpo(builder, plan, config, rows);
-  } else if (plan.kind == "ppo") {
-    plan_ppo(builder, plan, config, rows);
-  } else {
-    plan_grpo(builder, plan, config, rows);
+  switch (plan.kind) {
+    case rlhf::StepKind::kSft:
+    case rlhf::StepKind::kRewardModel: plan_supervised(builder, plan, config, step, rows); break;
+    case rlhf::StepKind::kDpo: plan_dpo(builder, plan, config, rows); break;
+    case rlhf::StepKind::kPpo: plan_ppo(builder, plan, config, rows); break;
+    case rlhf::StepKind::kCriticFree: plan_grpo(builder, plan, config, rows); break;
   }
   // Offloaded optimizer steps: one per optimizer step (RL: per generation batch and ppo epoch).
   const double offload = builder.offload_seconds_per_step();

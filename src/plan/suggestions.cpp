@@ -22,29 +22,39 @@ struct TrainedSlot {
   std::function<rlhf::ModelTrainingConfig&(rlhf::PipelineConfig&)> model;
 };
 
-std::vector<TrainedSlot> trained_slots(const std::string& kind) {
+std::vector<TrainedSlot> trained_slots(rlhf::StepKind kind) {
   using C = rlhf::PipelineConfig;
-  if (kind == "sft") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step1.model; }}};
-  if (kind == "rm") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2.model; }}};
-  if (kind == "dpo") return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_dpo.model; }}};
-  if (kind == "grpo") return {{"actor_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_grpo.actor; }}};
+  switch (kind) {
+    case rlhf::StepKind::kSft: return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step1.model; }}};
+    case rlhf::StepKind::kRewardModel: return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2.model; }}};
+    case rlhf::StepKind::kDpo: return {{"", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_dpo.model; }}};
+    case rlhf::StepKind::kCriticFree:
+      return {{"actor_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step2_grpo.actor; }}};
+    case rlhf::StepKind::kPpo: break;
+  }
   return {{"actor_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step3.actor; }},
           {"critic_", [](C& c) -> rlhf::ModelTrainingConfig& { return c.step3.critic; }}};
 }
 
+// Whether a step trains a policy on sampled experience (PPO, the critic-free step).
+bool policy_step(rlhf::StepKind kind) { return kind == rlhf::StepKind::kPpo || kind == rlhf::StepKind::kCriticFree; }
+
 // The micro-batch key of a step and a reference to it.
-int64_t& micro_batch_of(rlhf::PipelineConfig& c, const std::string& kind) {
-  if (kind == "sft") return c.step1.per_device_train_batch_size;
-  if (kind == "rm") return c.step2.per_device_train_batch_size;
-  if (kind == "dpo") return c.step2_dpo.per_device_train_batch_size;
-  if (kind == "grpo") return c.step2_grpo.per_device_training_batch_size;
+int64_t& micro_batch_of(rlhf::PipelineConfig& c, rlhf::StepKind kind) {
+  switch (kind) {
+    case rlhf::StepKind::kSft: return c.step1.per_device_train_batch_size;
+    case rlhf::StepKind::kRewardModel: return c.step2.per_device_train_batch_size;
+    case rlhf::StepKind::kDpo: return c.step2_dpo.per_device_train_batch_size;
+    case rlhf::StepKind::kCriticFree: return c.step2_grpo.per_device_training_batch_size;
+    case rlhf::StepKind::kPpo: break;
+  }
   return c.step3.per_device_training_batch_size;
 }
 
 std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const StepPlan& step, int64_t world) {
   std::vector<Change> changes;
   const std::string& block = step.block;
-  const std::string& kind = step.kind;
+  const rlhf::StepKind kind = step.kind;
   const int n = step.step;
   rlhf::PipelineConfig probe = config;
   for (const TrainedSlot& slot : trained_slots(kind)) {
@@ -76,7 +86,7 @@ std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const 
                        [n](rlhf::PipelineConfig& c) { c.common_of(n).offload = true; }});
   }
   const std::string micro_key =
-      kind == "ppo" || kind == "grpo" ? "per_device_training_batch_size" : "per_device_train_batch_size";
+      policy_step(kind) ? "per_device_training_batch_size" : "per_device_train_batch_size";
   const int64_t micro = micro_batch_of(probe, kind);
   const int64_t gas = config.common_of(n).gradient_accumulation_steps;
   for (int64_t divisor = 2; micro / divisor >= 1; divisor *= 2) {
@@ -90,8 +100,8 @@ std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const 
                          c.common_of(n).gradient_accumulation_steps = gas * divisor;
                        }});
   }
-  if (kind == "ppo" || kind == "grpo") {
-    const bool ppo = kind == "ppo";
+  if (policy_step(kind)) {
+    const bool ppo = kind == rlhf::StepKind::kPpo;
     const bool released = ppo ? config.step3.release_inference_cache : config.step2_grpo.release_inference_cache;
     if (!released) {
       changes.push_back({block + ": release_inference_cache on", {{block, {{"release_inference_cache", true}}}},

@@ -115,7 +115,8 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.keep_checkpoints = read_min(o, "keep_checkpoints", c.keep_checkpoints, 0);
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
-  c.elastic_resume = read_choice(o, "elastic_resume", c.elastic_resume, {"exact", "allow"});
+  c.elastic_resume_allowed =
+      read_choice(o, "elastic_resume", c.elastic_resume_allowed ? "allow" : "exact", {"exact", "allow"}) == "allow";
   c.log_sample_ids = o.get<bool>("log_sample_ids", c.log_sample_ids);
   read_guardian(o, c.guardian);
 }
@@ -195,6 +196,27 @@ void read_sampling(JsonObject& o, ExperienceSampling& e) {
   e.top_p = s->get<double>("top_p", e.top_p);
   DSCHAT_CHECK(e.top_p > 0 && e.top_p <= 1, ConfigError, s->at("top_p"), " must be in (0, 1], got ", e.top_p);
   s->finish();
+}
+
+void read_policy_step_keys(core::JsonObject& o, PolicyStepConfig& c) {
+  c.per_device_generation_batch_size =
+      read_min(o, "per_device_generation_batch_size", c.per_device_generation_batch_size, 1);
+  c.per_device_training_batch_size = read_min(o, "per_device_training_batch_size", c.per_device_training_batch_size, 1);
+  c.ppo_epochs = read_min(o, "ppo_epochs", c.ppo_epochs, 1);
+  c.max_prompt_seq_len = read_min(o, "max_prompt_seq_len", c.max_prompt_seq_len, 1);
+  c.max_answer_seq_len = read_min(o, "max_answer_seq_len", c.max_answer_seq_len, 1);
+  c.enable_hybrid_engine = o.get<bool>("enable_hybrid_engine", c.enable_hybrid_engine);
+  c.unpin_actor_parameters = o.get<bool>("unpin_actor_parameters", c.unpin_actor_parameters);
+  c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
+  c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
+  c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
+  c.enable_cuda_graph = o.get<bool>("enable_cuda_graph", c.enable_cuda_graph);
+  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
+  c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
+  c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});
+  c.print_answers = o.get<bool>("print_answers", c.print_answers);
+  c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
+  read_sampling(o, c.sampling);
 }
 
 }  // namespace config_read

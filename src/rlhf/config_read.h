@@ -43,27 +43,7 @@ void read_sampling(core::JsonObject& o, ExperienceSampling& e);
 
 /// The keys step 3 and the critic-free step share under the same names: batch sizes, passes,
 /// sequence lengths, the actor's hybrid engine, the reference's offload, the EMA and answer printing.
-template <typename Config>
-void read_policy_step_keys(core::JsonObject& o, Config& c) {
-  c.per_device_generation_batch_size =
-      read_min(o, "per_device_generation_batch_size", c.per_device_generation_batch_size, 1);
-  c.per_device_training_batch_size = read_min(o, "per_device_training_batch_size", c.per_device_training_batch_size, 1);
-  c.ppo_epochs = read_min(o, "ppo_epochs", c.ppo_epochs, 1);
-  c.max_prompt_seq_len = read_min(o, "max_prompt_seq_len", c.max_prompt_seq_len, 1);
-  c.max_answer_seq_len = read_min(o, "max_answer_seq_len", c.max_answer_seq_len, 1);
-  c.enable_hybrid_engine = o.get<bool>("enable_hybrid_engine", c.enable_hybrid_engine);
-  c.unpin_actor_parameters = o.get<bool>("unpin_actor_parameters", c.unpin_actor_parameters);
-  c.release_inference_cache = o.get<bool>("release_inference_cache", c.release_inference_cache);
-  c.inference_tp_size = read_min(o, "inference_tp_size", c.inference_tp_size, 1);
-  c.tp_gather_partition_size = read_min(o, "tp_gather_partition_size", c.tp_gather_partition_size, 1);
-  c.enable_cuda_graph = o.get<bool>("enable_cuda_graph", c.enable_cuda_graph);
-  c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
-  c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
-  c.lora_fuse_backup = read_choice(o, "lora_fuse_backup", c.lora_fuse_backup, {"auto", "device", "host"});
-  c.print_answers = o.get<bool>("print_answers", c.print_answers);
-  c.print_answers_interval = read_min(o, "print_answers_interval", c.print_answers_interval, 1);
-  read_sampling(o, c.sampling);
-}
+void read_policy_step_keys(core::JsonObject& o, PolicyStepConfig& c);
 
 }  // namespace config_read
 }  // namespace rlhf

@@ -9,7 +9,7 @@ namespace dschat {
 namespace rlhf {
 namespace {
 
-bool kl_in_reward(const GrpoConfig& c) { return c.kl_coef > 0.0 && c.kl_mode == "reward"; }
+bool kl_in_reward(const GrpoConfig& c) { return c.kl_coef > 0.0 && c.kl_mode == KlMode::kReward; }
 
 torch::Tensor rows_of(const torch::Tensor& t, const torch::Tensor& rows) {
   return t.defined() ? t.index_select(0, rows.to(t.device())) : t;
@@ -39,10 +39,6 @@ torch::Tensor own_rows(const torch::Tensor& all, int64_t rows, const StepContext
 
 }  // namespace
 
-KlEstimator kl_estimator_of(const GrpoConfig& config) {
-  return config.kl_estimator == "k1" ? KlEstimator::kK1 : config.kl_estimator == "k2" ? KlEstimator::kK2 : KlEstimator::kK3;
-}
-
 void prepare_answers(CriticFreeBatch& batch) {
   const Experience& exp = batch.exp;
   const int64_t p = exp.prompt_length;
@@ -63,26 +59,24 @@ void compute_advantages(const GrpoConfig& config, const torch::Tensor& weights, 
   torch::Tensor kl_tokens;  // [N, T]: the per-token KL of the sampled answers (kl_mode "reward")
   if (kl_in_reward(config)) {
     DSCHAT_CHECK(batch.ref_logps.defined(), InvalidArgument, "critic-free step: kl_coef > 0 needs the reference");
-    kl_tokens = approx_kl(batch.old_logps, batch.ref_logps, kl_estimator_of(config)) * batch.answer_mask;
+    kl_tokens = approx_kl(batch.old_logps, batch.ref_logps, config.kl_estimator) * batch.answer_mask;
   }
-  const std::string& estimator = config.advantage_estimator;
-  if (estimator == "grpo" || estimator == "rloo") {
+  const AdvantageEstimator estimator = config.advantage_estimator;
+  const bool grpo = estimator == AdvantageEstimator::kGrpo;
+  if (grpo || estimator == AdvantageEstimator::kRloo) {
     torch::Tensor rewards = batch.rewards_per_source;  // [N, F]
     torch::Tensor w = weights;                          // [F]
     torch::Tensor kl_sums;                              // [N] on the CPU
     if (kl_tokens.defined()) kl_sums = kl_tokens.sum(1).to(torch::kCPU, torch::kFloat32);
-    if (estimator == "grpo" && kl_sums.defined()) {
+    if (grpo && kl_sums.defined()) {
       // The KL penalty as one more weighted reward column: R = Σ_f w_f r_f - kl_coef·Σ_t kl_t.
       rewards = torch::cat({rewards, -kl_sums.unsqueeze(1)}, 1);                          // [N, F+1]
       w = torch::cat({w, torch::tensor({static_cast<float>(config.kl_coef)}, torch::kFloat32)});  // [F+1]
     }
     const torch::Tensor all_rewards = gather_rows(rewards, context);  // [world * N, F']
     torch::Tensor advantages;
-    if (estimator == "grpo") {
-      const RewardScaling scaling = config.scale_rewards == "none"    ? RewardScaling::kNone
-                                    : config.scale_rewards == "batch" ? RewardScaling::kBatch
-                                                                      : RewardScaling::kGroup;
-      advantages = grpo_advantages(all_rewards, w, n, scaling);
+    if (grpo) {
+      advantages = grpo_advantages(all_rewards, w, n, config.scale_rewards);
     } else {
       const torch::Tensor all_kl = kl_sums.defined() ? gather_rows(kl_sums, context) : kl_sums;
       advantages = rloo_advantages(all_rewards, w, n, kl_sums.defined() ? config.kl_coef : 0.0, all_kl,
@@ -93,11 +87,11 @@ void compute_advantages(const GrpoConfig& config, const torch::Tensor& weights, 
   }
   ReinforceOptions options;
   options.estimator =
-      estimator == "reinforce_pp" ? ReinforceEstimator::kReinforce : ReinforceEstimator::kReinforceBaseline;
+      estimator == AdvantageEstimator::kReinforcePp ? ReinforceEstimator::kReinforce : ReinforceEstimator::kReinforceBaseline;
   options.samples_per_prompt = n;
   options.kl_coef = kl_tokens.defined() ? config.kl_coef : 0.0;
   torch::Tensor scalar = (batch.rewards_per_source * weights).sum(1).to(device);  // [N]
-  torch::Tensor kl = kl_tokens.defined() ? approx_kl(batch.old_logps, batch.ref_logps, kl_estimator_of(config))
+  torch::Tensor kl = kl_tokens.defined() ? approx_kl(batch.old_logps, batch.ref_logps, config.kl_estimator)
                                          : torch::Tensor();  // [N, T]
   torch::Tensor mask = batch.answer_mask;                    // [N, T]
   const int64_t world = context_world(context), width = mask.size(1);
@@ -140,17 +134,17 @@ CriticFreeMicroStats critic_free_micro_step(hybrid::HybridEngine& actor, const G
   const int64_t world = actor.training_engine().world_size();
   const int64_t gas = config.common.gradient_accumulation_steps;
   PolicyLossOutput out;
-  if (config.advantage_estimator == "rloo") {
+  if (config.advantage_estimator == AdvantageEstimator::kRloo) {
     out = rloo_policy_loss(logps, old, mask, advantages, config.clip_low, config.clip_high);
   } else {
     GrpoLossOptions options;
     options.epsilon_low = config.clip_low;
     options.epsilon_high = config.clip_high;
-    options.beta = config.kl_mode == "loss" ? config.kl_coef : 0.0;
-    options.kl_estimator = kl_estimator_of(config);
+    options.beta = config.kl_mode == KlMode::kLoss ? config.kl_coef : 0.0;
+    options.kl_estimator = config.kl_estimator;
     // token-mean: Σ ℓ·m / (window tokens / (world · GAS)); the engine's 1/GAS and its average over
     // the ranks then leave Σ ℓ·m over every rank's window divided by all of their tokens.
-    options.type = config.loss_aggregation == "token-mean" ? GrpoLossType::kDapo : GrpoLossType::kGrpo;
+    options.type = config.loss_aggregation == LossAggregation::kTokenMean ? GrpoLossType::kDapo : GrpoLossType::kGrpo;
     options.num_items_in_batch = window_tokens;
     options.num_processes = world * gas;
     options.gradient_accumulation_steps = 1;  // sequence-mean: the engine divides by GAS
@@ -165,7 +159,7 @@ CriticFreeMicroStats critic_free_micro_step(hybrid::HybridEngine& actor, const G
   stats.clip_fraction = out.clip_fraction;
   const torch::Tensor entropy = -(token_logps.exp() * token_logps).sum(-1);  // [b, T]
   stats.entropy = masked_mean(entropy, mask);
-  stats.kl = ref.defined() ? masked_mean(approx_kl(logps.detach(), ref, kl_estimator_of(config)), mask)
+  stats.kl = ref.defined() ? masked_mean(approx_kl(logps.detach(), ref, config.kl_estimator), mask)
                            : torch::zeros({}, logps.options());
   return stats;
 }

@@ -28,8 +28,6 @@ struct CriticFreeBatch {
   std::vector<int64_t> answer_tokens;  // per row, on the host
 };
 
-KlEstimator kl_estimator_of(const GrpoConfig& config);
-
 /// Fills answer_mask, old_logps, ref_logps and answer_tokens from exp (one host read).
 void prepare_answers(CriticFreeBatch& batch);
 

@@ -23,7 +23,10 @@ std::string trimmed(const std::string& text) {
 
 bool needs_meta(const GrpoConfig& config) {
   for (const RewardSourceConfig& r : config.rewards) {
-    if (r.type == "exact_match" || r.type == "command" || r.type == "callback") return true;
+    if (r.type == RewardSourceType::kExactMatch || r.type == RewardSourceType::kCommand ||
+        r.type == RewardSourceType::kCallback) {
+      return true;
+    }
   }
   return false;
 }
@@ -63,30 +66,6 @@ std::vector<bool> informative_groups(const CriticFreeBatch& batch, const torch::
 }
 
 }  // namespace
-
-PpoConfig policy_view(const GrpoConfig& config) {
-  PpoConfig view;
-  view.actor_model_name_or_path = config.actor_model_name_or_path;
-  view.data = config.data;
-  view.common = config.common;
-  view.actor = config.actor;
-  view.per_device_generation_batch_size = config.per_device_generation_batch_size;
-  view.per_device_training_batch_size = config.per_device_training_batch_size;
-  view.max_prompt_seq_len = config.max_prompt_seq_len;
-  view.max_answer_seq_len = config.max_answer_seq_len;
-  view.enable_hybrid_engine = config.enable_hybrid_engine;
-  view.unpin_actor_parameters = config.unpin_actor_parameters;
-  view.release_inference_cache = config.release_inference_cache;
-  view.inference_tp_size = config.inference_tp_size;
-  view.tp_gather_partition_size = config.tp_gather_partition_size;
-  view.enable_cuda_graph = config.enable_cuda_graph;
-  view.offload_reference_model = config.offload_reference_model;
-  view.enable_ema = config.enable_ema;
-  view.lora_fuse_backup = config.lora_fuse_backup;
-  view.sampling = config.sampling;
-  view.output_dir = config.output_dir;
-  return view;
-}
 
 ScoredReward::ScoredReward(const GrpoConfig& config, const StepContext& context, const RlhfPlacement& placement,
                            const tokenizer::Tokenizer& tokenizer, int64_t pad_token_id)
@@ -144,7 +123,7 @@ CriticFreeBatch sample_and_score(RlhfModels& models, ScoredReward& reward, const
     return (per_source * weights).sum(1);  // [N]
   };
   ExperienceOptions options;
-  options.generation = experience_generation_config(policy_view(config), eos_token_id, pad_token_id, seed);
+  options.generation = experience_generation_config(config, eos_token_id, pad_token_id, seed);
   options.generation.num_return_sequences = config.n_samples_per_prompt;
   options.pad_token_id = pad_token_id;
   options.drop_short_answers = false;  // a group needs all of its n answers
@@ -175,7 +154,7 @@ double heldout_score(RlhfModels& models, ScoredReward& reward, const GrpoConfig&
     return (per_source * weights).sum(1);  // [N]
   };
   ExperienceOptions options;
-  options.generation = experience_generation_config(policy_view(config), eos_token_id, pad_token_id, 0);
+  options.generation = experience_generation_config(config, eos_token_id, pad_token_id, 0);
   options.generation.do_sample = false;  // the same answers for the same policy: a trend, not noise
   options.generation.num_return_sequences = 1;
   options.pad_token_id = pad_token_id;
@@ -260,7 +239,7 @@ void log_step(monitor::MetricsLog& metrics, const GrpoConfig& config, const Rewa
               int64_t epoch, const StepFigures& f, double generate_seconds, double train_seconds, int64_t rank) {
   const int64_t print_interval = config.common.print_interval;
   if (rank == 0 && print_interval > 0 && step % print_interval == 0) {
-    core::log_info("Epoch: ", epoch, " | Step: ", step, " | ", config.advantage_estimator, " | Loss: ", f.loss,
+    core::log_info("Epoch: ", epoch, " | Step: ", step, " | ", mode_name(config.advantage_estimator), " | Loss: ", f.loss,
                    " | Reward: ", f.reward, " (group std ", f.group_std, ") | KL: ", f.kl, " | Clip: ", f.clip_fraction,
                    " | Entropy: ", f.entropy, " | Answer length: ", f.answer_tokens,
                    config.dynamic_sampling ? " | Groups kept: " + std::to_string(f.kept_groups) : std::string(),

@@ -23,10 +23,6 @@
 namespace dschat {
 namespace rlhf {
 
-/// The PPO config whose actor, hybrid-engine, reference and EMA keys are those of `config`
-/// (build_policy_models reads them).
-PpoConfig policy_view(const GrpoConfig& config);
-
 /// The step's reward: its sources, and the queries they score (each answer's prompt and text
 /// decoded, and the prompt's record as meta: {"chosen", "rejected"} from the data files).
 class ScoredReward {

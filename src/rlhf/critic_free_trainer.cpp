@@ -202,7 +202,7 @@ std::optional<monitor::StepFigures> CriticFreeAlgorithm::train(const PolicyStep&
 
 PolicyLoopSettings critic_free_loop_settings(const GrpoConfig& config) {
   PolicyLoopSettings settings;
-  settings.where = "step 2 (" + config.advantage_estimator + ")";
+  settings.where = std::string("step 2 (") + mode_name(config.advantage_estimator) + ")";
   settings.progress_name = settings.where;
   settings.output_dir = config.output_dir;
   settings.common = config.common;
@@ -235,8 +235,7 @@ GrpoResult run_grpo_phases(const GrpoConfig& config, const StepContext& context)
                " x per_device_generation_batch_size ", gen_bs, " answers in micro-batches of ", train_bs, ")");
   const int64_t total_iters = std::max<int64_t>(
       1, config.common.num_train_epochs * loop.steps_per_epoch() * config.ppo_epochs * micro_per_step / gas);
-  const PpoConfig view = policy_view(config);
-  RlhfModels models = build_policy_models(view, total_iters, gas, context, config.kl_coef > 0.0, where);
+  RlhfModels models = build_policy_models(config, total_iters, gas, context, config.kl_coef > 0.0, where);
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
   check_sequence_length(models.actor->actor()->config(), config.max_prompt_seq_len + config.max_answer_seq_len,
                         where + ": keys 'max_prompt_seq_len' + 'max_answer_seq_len'", config.actor_model_name_or_path);
@@ -256,7 +255,7 @@ nlohmann::json GrpoResult::to_json() const {
 }
 
 GrpoResult run_grpo(const GrpoConfig& config, const StepContext& context) {
-  MemoryPhase memory{"step 2 (" + config.advantage_estimator + ")", "actor " + config.actor_model_name_or_path,
+  MemoryPhase memory{std::string("step 2 (") + mode_name(config.advantage_estimator) + ")", "actor " + config.actor_model_name_or_path,
                      "loading the actor and its reference"};
   return with_memory_hint(memory, [&] { return run_grpo_phases(config, context); });
 }

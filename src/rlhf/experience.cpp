@@ -61,7 +61,7 @@ RewardFunction reward_model_scores(models::ValueHeadModel reward, int64_t pad_to
   };
 }
 
-core::GenerationConfig experience_generation_config(const PpoConfig& config, int64_t eos_token_id,
+core::GenerationConfig experience_generation_config(const PolicyStepConfig& config, int64_t eos_token_id,
                                                     int64_t pad_token_id, uint64_t seed) {
   core::GenerationConfig generation;
   generation.max_new_tokens = config.max_answer_seq_len;

@@ -44,26 +44,32 @@ namespace {
 // Runs step `step` of the pipeline; its summary goes to result.summaries["step<N>"].
 void run_step(const PipelineConfig& config, int step, StepContext& context, PipelineResult& result) {
   const std::string key = "step" + std::to_string(step);
-  if (step == 1) {
-    result.summaries[key] = run_sft(config.step1, context).to_json();
-  } else if (step == 2 && config.dpo()) {
-    // The policy and its reference start from step 1's trained model.
-    if (config.step2_dpo.model_name_or_path == config.step1.output_dir) context.random_init = false;
-    result.summaries[key] = run_dpo(config.step2_dpo, context).to_json();
-  } else if (step == 2 && config.critic_free()) {
-    if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) context.random_init = false;
-    result.summaries[key] = run_grpo(config.step2_grpo, context).to_json();
-  } else if (step == 2) {
-    // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
-    if (config.step2.model_name_or_path == config.step1.output_dir) context.random_init = false;
-    result.summaries[key] = run_reward(config.step2, context).to_json();
-  } else {
-    require_model(config.step3.actor_model_name_or_path, 1);
-    require_model(config.step3.critic_model_name_or_path, 2);
-    context.random_init = false;  // step 3 starts from the trained models
-    // Before PPO learns to exploit the reward model: refuses (or warns) by step3.reward_gate.
-    run_reward_gate(config, context);
-    result.summaries[key] = run_ppo(config.step3, context).to_json();
+  switch (config.kind_of(step)) {
+    case StepKind::kSft:
+      result.summaries[key] = run_sft(config.step1, context).to_json();
+      break;
+    case StepKind::kDpo:
+      // The policy and its reference start from step 1's trained model.
+      if (config.step2_dpo.model_name_or_path == config.step1.output_dir) context.random_init = false;
+      result.summaries[key] = run_dpo(config.step2_dpo, context).to_json();
+      break;
+    case StepKind::kCriticFree:
+      if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) context.random_init = false;
+      result.summaries[key] = run_grpo(config.step2_grpo, context).to_json();
+      break;
+    case StepKind::kRewardModel:
+      // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
+      if (config.step2.model_name_or_path == config.step1.output_dir) context.random_init = false;
+      result.summaries[key] = run_reward(config.step2, context).to_json();
+      break;
+    case StepKind::kPpo:
+      require_model(config.step3.actor_model_name_or_path, 1);
+      require_model(config.step3.critic_model_name_or_path, 2);
+      context.random_init = false;  // step 3 starts from the trained models
+      // Before PPO learns to exploit the reward model: refuses (or warns) by step3.reward_gate.
+      run_reward_gate(config, context);
+      result.summaries[key] = run_ppo(config.step3, context).to_json();
+      break;
   }
 }
 
@@ -97,7 +103,7 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
     } catch (const std::exception& e) {
       // Every rank says which step failed and what it can resume from (a lost rank's collective
       // error names the rank; this names the phase and the checkpoint).
-      core::log_error(key, " (", config.kind_of(step), ") failed: ", e.what(), "; ", checkpoint_note(output),
+      core::log_error(key, " (", step_kind_name(config.kind_of(step)), ") failed: ", e.what(), "; ", checkpoint_note(output),
                       "; the same command resumes from there");
       throw;
     }

@@ -69,19 +69,43 @@ const std::vector<std::string>& step_block_names() {
   return kNames;
 }
 
-std::string PipelineConfig::kind_of(int step) const {
-  if (step == 1) return "sft";
-  if (step == 3) return "ppo";
-  return dpo() ? "dpo" : critic_free() ? "grpo" : "rm";
+const char* step_kind_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::kSft: return "sft";
+    case StepKind::kRewardModel: return "rm";
+    case StepKind::kPpo: return "ppo";
+    case StepKind::kDpo: return "dpo";
+    case StepKind::kCriticFree: return "grpo";
+  }
+  return "?";
+}
+
+std::string step_block_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::kSft: return "step1";
+    case StepKind::kRewardModel: return "step2";
+    case StepKind::kPpo: return "step3";
+    case StepKind::kDpo: return "step2_dpo";
+    case StepKind::kCriticFree: return "step2_grpo";
+  }
+  return "?";
+}
+
+StepKind PipelineConfig::kind_of(int step) const {
+  if (step == 1) return StepKind::kSft;
+  if (step == 3) return StepKind::kPpo;
+  return dpo() ? StepKind::kDpo : critic_free() ? StepKind::kCriticFree : StepKind::kRewardModel;
 }
 
 const CommonStepConfig& PipelineConfig::common_of(int step) const {
-  const std::string kind = kind_of(step);
-  return kind == "sft"    ? step1.common
-         : kind == "ppo"  ? step3.common
-         : kind == "dpo"  ? step2_dpo.common
-         : kind == "grpo" ? step2_grpo.common
-                          : step2.common;
+  switch (kind_of(step)) {
+    case StepKind::kSft: return step1.common;
+    case StepKind::kRewardModel: return step2.common;
+    case StepKind::kPpo: return step3.common;
+    case StepKind::kDpo: return step2_dpo.common;
+    case StepKind::kCriticFree: return step2_grpo.common;
+  }
+  return step1.common;
 }
 
 CommonStepConfig& PipelineConfig::common_of(int step) {
@@ -89,21 +113,25 @@ CommonStepConfig& PipelineConfig::common_of(int step) {
 }
 
 std::string PipelineConfig::model_of(int step) const {
-  const std::string kind = kind_of(step);
-  if (kind == "ppo") return step3.actor_model_name_or_path + " + " + step3.critic_model_name_or_path;
-  return kind == "sft"    ? step1.model_name_or_path
-         : kind == "dpo"  ? step2_dpo.model_name_or_path
-         : kind == "grpo" ? step2_grpo.actor_model_name_or_path
-                          : step2.model_name_or_path;
+  switch (kind_of(step)) {
+    case StepKind::kSft: return step1.model_name_or_path;
+    case StepKind::kRewardModel: return step2.model_name_or_path;
+    case StepKind::kPpo: return step3.actor_model_name_or_path + " + " + step3.critic_model_name_or_path;
+    case StepKind::kDpo: return step2_dpo.model_name_or_path;
+    case StepKind::kCriticFree: return step2_grpo.actor_model_name_or_path;
+  }
+  return "";
 }
 
 const std::string& PipelineConfig::output_of(int step) const {
-  const std::string kind = kind_of(step);
-  return kind == "sft"    ? step1.output_dir
-         : kind == "ppo"  ? step3.output_dir
-         : kind == "dpo"  ? step2_dpo.output_dir
-         : kind == "grpo" ? step2_grpo.output_dir
-                          : step2.output_dir;
+  switch (kind_of(step)) {
+    case StepKind::kSft: return step1.output_dir;
+    case StepKind::kRewardModel: return step2.output_dir;
+    case StepKind::kPpo: return step3.output_dir;
+    case StepKind::kDpo: return step2_dpo.output_dir;
+    case StepKind::kCriticFree: return step2_grpo.output_dir;
+  }
+  return step1.output_dir;
 }
 
 PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::string& where) {

@@ -50,7 +50,7 @@ nlohmann::json PolicyLoop::restore(PolicyAlgorithm& algorithm, const fs::path& d
   algorithm.load_parts(dir, state.at("tag").get<std::string>());
   start_.epoch = state.at("epoch").get<int64_t>();
   start_.next_batch =
-      resume_micro_batch(state, layout, settings_.common.elastic_resume == "allow", settings_.where);
+      resume_micro_batch(state, layout, settings_.common.elastic_resume_allowed, settings_.where);
   step_ = state.at("step").get<int64_t>();
   algorithm.restore(state);
   return state;

@@ -69,10 +69,10 @@ RewardGateOutcome run_reward_gate(const RewardGateConfig& gate, const RewardGate
                                   const StepContext& context) {
   using rm_gate::kKeyPrefix;
   RewardGateOutcome outcome;
-  if (gate.action == "off") return outcome;
+  if (gate.action == GateAction::kOff) return outcome;
   const bool rank0 = context_rank(context) == 0;
   core::log_info_rank0("reward gate: diagnostics of ", inputs.reward_model, " on step 2's eval split before step 3 (",
-                       kKeyPrefix, "action \"", gate.action, "\")");
+                       kKeyPrefix, "action \"", gate_action_name(gate.action), "\")");
   RewardDiagnosticsOptions options = inputs.options;
   options.max_pairs = gate.max_pairs;
   {
@@ -83,7 +83,7 @@ RewardGateOutcome run_reward_gate(const RewardGateConfig& gate, const RewardGate
                                                         inputs.device, inputs.dtype);
   }
   nlohmann::json report = {{"reward_model", inputs.reward_model},
-                           {"action", gate.action},
+                           {"action", gate_action_name(gate.action)},
                            {"limits",
                             {{"min_accuracy", gate.min_accuracy},
                              {"max_length_bias", gate.max_length_bias},
@@ -114,7 +114,7 @@ RewardGateOutcome run_reward_gate(const RewardGateConfig& gate, const RewardGate
                            ". The table is in " + inputs.report_file.string() + " (`dschat eval-rm --model " +
                            inputs.reward_model + "` prints it); set a limit's key to override it, or " + kKeyPrefix +
                            "action to \"warn\" or \"off\"";
-  if (gate.action == "warn") {
+  if (gate.action == GateAction::kWarn) {
     core::log_warn(what, "; step 3 runs anyway (action \"warn\")");
     return outcome;
   }
@@ -123,7 +123,7 @@ RewardGateOutcome run_reward_gate(const RewardGateConfig& gate, const RewardGate
 
 RewardGateOutcome run_reward_gate(const PipelineConfig& config, const StepContext& context) {
   const RewardGateConfig& gate = config.step3.reward_gate;
-  if (gate.action == "off") return {};
+  if (gate.action == GateAction::kOff) return {};
   const std::string where = "step 3 (reward gate)";
   RewardGateInputs inputs;
   inputs.reward_model = config.step3.critic_model_name_or_path;

@@ -33,10 +33,10 @@ std::optional<std::string_view> last_boxed(std::string_view text) {
 }
 
 std::vector<double> checked_scores(std::vector<double> scores, size_t expected, const RewardSourceConfig& source) {
-  DSCHAT_CHECK(scores.size() == expected, InvalidArgument, "reward source '", source.name, "' (", source.type,
+  DSCHAT_CHECK(scores.size() == expected, InvalidArgument, "reward source '", source.name, "' (", reward_source_type_name(source.type),
                ") returned ", scores.size(), " rewards for ", expected, " answers");
   for (size_t i = 0; i < scores.size(); ++i) {
-    DSCHAT_CHECK(std::isfinite(scores[i]), InvalidArgument, "reward source '", source.name, "' (", source.type,
+    DSCHAT_CHECK(std::isfinite(scores[i]), InvalidArgument, "reward source '", source.name, "' (", reward_source_type_name(source.type),
                  ") returned ", scores[i], " for answer ", i, "; rewards must be finite numbers");
   }
   return scores;
@@ -106,7 +106,7 @@ RewardSources::RewardSources(std::vector<RewardSourceConfig> configs, const Rewa
     models_.emplace_back();
     programs_.emplace_back();
     patterns_.emplace_back();
-    if (c.type == "callback") {
+    if (c.type == RewardSourceType::kCallback) {
       auto it = callbacks.find(c.name);
       if (it == callbacks.end()) {
         std::string known;
@@ -115,16 +115,16 @@ RewardSources::RewardSources(std::vector<RewardSourceConfig> configs, const Rewa
                      "' (registered: ", known.empty() ? "none" : known, ")");
       }
       callbacks_.back() = it->second;
-    } else if (c.type == "reward_model") {
+    } else if (c.type == RewardSourceType::kRewardModel) {
       DSCHAT_CHECK(static_cast<bool>(load_model), ConfigError, "rewards: source '", c.name,
                    "' is a reward model, but this caller cannot load one");
       models_.back() = load_model(c);
-    } else if (c.type == "command") {
+    } else if (c.type == RewardSourceType::kCommand) {
       RewardProgramOptions options;
       options.argv = c.argv;
       options.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_seconds * 1000.0));
       programs_.back() = std::make_unique<RewardProgram>(std::move(options));
-    } else if (c.type == "regex") {
+    } else if (c.type == RewardSourceType::kRegex) {
       patterns_.back() = std::make_unique<std::regex>(c.pattern, std::regex::ECMAScript);
     }
   }
@@ -143,19 +143,19 @@ std::vector<double> RewardSources::score_source(size_t f, const std::vector<Rewa
                                                 int64_t prompt_length) {
   const RewardSourceConfig& c = configs_[f];
   std::vector<double> scores;
-  if (c.type == "reward_model") {
+  if (c.type == RewardSourceType::kRewardModel) {
     torch::NoGradGuard no_grad;
     torch::Tensor values = models_[f](seq, attention_mask, prompt_length).to(torch::kCPU, torch::kFloat64);  // [N]
     scores.assign(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
-  } else if (c.type == "callback") {
+  } else if (c.type == RewardSourceType::kCallback) {
     scores = callbacks_[f](queries);
-  } else if (c.type == "command") {
+  } else if (c.type == RewardSourceType::kCommand) {
     scores = programs_[f]->score(queries);
   } else {
     for (const RewardQuery& q : queries) {
-      if (c.type == "exact_match") scores.push_back(exact_match_reward(q.response, reference_answer(q)));
-      if (c.type == "regex") scores.push_back(regex_reward(*patterns_[f], q.response));
-      if (c.type == "demo_task") scores.push_back(data::demo_task_score(q.prompt, q.response));
+      if (c.type == RewardSourceType::kExactMatch) scores.push_back(exact_match_reward(q.response, reference_answer(q)));
+      if (c.type == RewardSourceType::kRegex) scores.push_back(regex_reward(*patterns_[f], q.response));
+      if (c.type == RewardSourceType::kDemoTask) scores.push_back(data::demo_task_score(q.prompt, q.response));
     }
   }
   return checked_scores(std::move(scores), queries.size(), c);

@@ -39,15 +39,29 @@ Model load_frozen(const ModelPlacement& at, models::LoadOptions load, const Step
 
 }  // namespace
 
-RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype) {
+namespace {
+
+// A frozen model's place: partitioned when its trained twin is at ZeRO-3, else replicated on the
+// step's device or, offloaded, on the CPU.
+ModelPlacement frozen_placement(const ModelPlacement& trained, bool zero3, bool offload) {
+  if (zero3) return ModelPlacement{trained.device, trained.dtype, true, offload};
+  return offload ? ModelPlacement{torch::kCPU, trained.dtype} : trained;
+}
+
+}  // namespace
+
+RlhfPlacement policy_placement(const PolicyStepConfig& config, const torch::Device& step_device,
+                               torch::ScalarType step_dtype) {
   RlhfPlacement placement;
   placement.trained = ModelPlacement{step_device, step_dtype};
-  auto frozen = [&](bool zero3, bool offload) {
-    if (zero3) return ModelPlacement{step_device, step_dtype, true, offload};
-    return offload ? ModelPlacement{torch::kCPU, step_dtype} : placement.trained;
-  };
-  placement.reference = frozen(config.actor.zero_stage == 3, config.offload_reference_model);
-  placement.reward = frozen(config.critic.zero_stage == 3, config.offload_reward_model);
+  placement.reference = frozen_placement(placement.trained, config.actor.zero_stage == 3, config.offload_reference_model);
+  placement.reward = placement.trained;
+  return placement;
+}
+
+RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype) {
+  RlhfPlacement placement = policy_placement(config, step_device, step_dtype);
+  placement.reward = frozen_placement(placement.trained, config.critic.zero_stage == 3, config.offload_reward_model);
   return placement;
 }
 
@@ -70,11 +84,11 @@ torch::Device parameter_device(const torch::nn::Module& module) {
   return torch::kCPU;
 }
 
-RlhfModels build_policy_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_iters, int64_t actor_gas,
                                const StepContext& context, bool with_reference, const std::string& where) {
   const int64_t world = context_world(context);
   RlhfModels models;
-  models.placement = rlhf_placement(config, step_device(config.common, context, where),
+  models.placement = policy_placement(config, step_device(config.common, context, where),
                                     step_dtype(config.common.dtype, where));
   models::LoadOptions load;
   load.device = models.placement.trained.device;
@@ -135,6 +149,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
                              const StepContext& context) {
   const std::string where = "step 3 (PPO)";
   RlhfModels models = build_policy_models(config, total_iters, actor_gas, context, /*with_reference=*/true, where);
+  models.placement = rlhf_placement(config, models.placement.trained.device, models.placement.trained.dtype);
   models::LoadOptions load;
   load.device = models.placement.trained.device;
   load.dtype = models.placement.trained.dtype;

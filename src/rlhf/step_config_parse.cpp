@@ -15,6 +15,15 @@
 
 namespace dschat {
 namespace rlhf {
+
+const char* gate_action_name(GateAction action) {
+  switch (action) {
+    case GateAction::kRefuse: return "refuse";
+    case GateAction::kWarn: return "warn";
+    case GateAction::kOff: return "off";
+  }
+  return "?";
+}
 namespace {
 
 using core::JsonObject;
@@ -126,7 +135,8 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
   }
   if (auto g = o.object("reward_gate")) {  // ours: the reward model's check before PPO (reward_gate.h)
     RewardGateConfig& r = c.reward_gate;
-    r.action = read_choice(*g, "action", r.action, {"refuse", "warn", "off"});
+    const std::string action = read_choice(*g, "action", gate_action_name(r.action), {"refuse", "warn", "off"});
+    r.action = action == "warn" ? GateAction::kWarn : action == "off" ? GateAction::kOff : GateAction::kRefuse;
     r.min_accuracy = read_unit(*g, "min_accuracy", r.min_accuracy);
     r.max_length_bias = core::check_range(*g, "max_length_bias", g->get<double>("max_length_bias", r.max_length_bias),
                                           -1.0, 1.0);

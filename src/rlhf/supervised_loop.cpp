@@ -284,7 +284,7 @@ void log_step_throughput(const OptimizerStepDone& done, int64_t rows, int64_t se
 
 void SupervisedLoopSettings::use_step_config(const CommonStepConfig& common, const StepContext& context) {
   epochs = common.num_train_epochs;
-  allow_global_batch_change = common.elastic_resume == "allow";
+  allow_global_batch_change = common.elastic_resume_allowed;
   log_sample_ids = common.log_sample_ids;
   guardian = common.guardian;
   seed = common.seed;

@@ -39,13 +39,13 @@ inline rlhf::CriticFreeBatch rank_answers(int64_t rank) {
 /// rloo with normalize_advantages and a KL penalty, reinforce_pp with a per-token KL penalty.
 inline rlhf::GrpoConfig estimator_config(const std::string& estimator) {
   rlhf::GrpoConfig config;
-  config.advantage_estimator = estimator;
+  config.advantage_estimator = rlhf::advantage_estimator_named(estimator, "estimator_config");
   config.n_samples_per_prompt = kSamplesPerPrompt;
-  config.scale_rewards = "batch";
+  config.scale_rewards = rlhf::RewardScaling::kBatch;
   config.normalize_advantages = true;
   config.kl_coef = estimator == "grpo" ? 0.0 : 0.05;
-  config.kl_mode = "reward";
-  config.kl_estimator = "k1";
+  config.kl_mode = rlhf::KlMode::kReward;
+  config.kl_estimator = rlhf::KlEstimator::kK1;
   return config;
 }
 

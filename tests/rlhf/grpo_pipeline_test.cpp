@@ -159,7 +159,7 @@ TEST(GrpoPipeline, ACallbackRewardAndAFailingOneStopsTheStepBeforeItsUpdate) {
   grpo.common.guardian.heldout_interval = 0;  // the callback is called by the training steps only
   grpo.rewards.clear();
   rlhf::RewardSourceConfig callback;
-  callback.type = "callback";
+  callback.type = rlhf::RewardSourceType::kCallback;
   callback.name = "shorter_is_better";
   grpo.rewards.push_back(callback);
   rlhf::StepContext context;

@@ -396,7 +396,10 @@ TEST(PipelineConfig, EnableCudaGraphReachesTheHybridEngineConfig) {
   EXPECT_FALSE(rlhf::parse_ppo_config(json::object(), "t").enable_cuda_graph);
   const rlhf::PpoConfig ppo = rlhf::parse_ppo_config({{"enable_cuda_graph", true}}, "t");
   EXPECT_TRUE(ppo.enable_cuda_graph);
-  EXPECT_TRUE(rlhf::policy_view(rlhf::parse_grpo_config({{"enable_cuda_graph", true}}, "t")).enable_cuda_graph);
+  // The critic-free step's policy keys are the very fields the model builders read.
+  const rlhf::GrpoConfig grpo = rlhf::parse_grpo_config({{"enable_cuda_graph", true}}, "t");
+  const rlhf::PolicyStepConfig& policy = grpo;
+  EXPECT_TRUE(policy.enable_cuda_graph);
   EXPECT_THROW(rlhf::parse_ppo_config({{"enable_cuda_graph", "yes"}}, "t"), core::ConfigError);
   for (bool on : {false, true}) {
     engine::HybridEngineConfig hybrid;

@@ -259,7 +259,7 @@ TEST(RewardDiagnostics, LengthLovingModelIsReportedAndRefused) {
 
   // "warn" reports the same and returns.
   rlhf::RewardGateConfig warn;
-  warn.action = "warn";
+  warn.action = rlhf::GateAction::kWarn;
   const rlhf::RewardGateOutcome outcome = rlhf::run_reward_gate(warn, inputs, context);
   EXPECT_TRUE(outcome.ran);
   EXPECT_FALSE(outcome.passed);
@@ -283,13 +283,13 @@ TEST(RewardDiagnostics, LengthLovingModelIsReportedAndRefused) {
   EXPECT_TRUE(passed.passed);
   EXPECT_EQ(passed.diagnostics.pairs, 8);
   rlhf::RewardGateConfig off;
-  off.action = "off";
+  off.action = rlhf::GateAction::kOff;
   EXPECT_FALSE(rlhf::run_reward_gate(off, inputs, context).ran);
 }
 
 TEST(RewardDiagnostics, GateKeysParseAndUnknownOnesAreNamed) {
   const rlhf::PpoConfig defaults = rlhf::parse_ppo_config(nlohmann::json::object(), "my.json: step3");
-  EXPECT_EQ(defaults.reward_gate.action, "refuse");
+  EXPECT_EQ(defaults.reward_gate.action, rlhf::GateAction::kRefuse);
   EXPECT_EQ(defaults.reward_gate.min_accuracy, 0.55);
   EXPECT_EQ(defaults.reward_gate.max_length_bias, 0.5);
   EXPECT_EQ(defaults.reward_gate.max_padding_win_rate, 0.5);
@@ -298,7 +298,7 @@ TEST(RewardDiagnostics, GateKeysParseAndUnknownOnesAreNamed) {
       {{"reward_gate", {{"action", "warn"}, {"min_accuracy", 0.6}, {"max_length_bias", 0.3},
                         {"max_padding_win_rate", 0.4}, {"max_pairs", 100}}}},
       "my.json: step3");
-  EXPECT_EQ(set.reward_gate.action, "warn");
+  EXPECT_EQ(set.reward_gate.action, rlhf::GateAction::kWarn);
   EXPECT_EQ(set.reward_gate.min_accuracy, 0.6);
   EXPECT_EQ(set.reward_gate.max_length_bias, 0.3);
   EXPECT_EQ(set.reward_gate.max_padding_win_rate, 0.4);

@@ -46,12 +46,15 @@ torch::Tensor score(rlhf::RewardSources& sources, const std::vector<RewardQuery>
 
 TEST(RewardSources, EachBuiltInSourceAndACallbackScoreEveryAnswer) {
   std::vector<RewardSourceConfig> configs(4);
-  configs[0].type = configs[0].name = "demo_task";
-  configs[1].type = configs[1].name = "exact_match";
-  configs[2].type = configs[2].name = "regex";
+  configs[0].type = rlhf::RewardSourceType::kDemoTask;
+  configs[0].name = "demo_task";
+  configs[1].type = rlhf::RewardSourceType::kExactMatch;
+  configs[1].name = "exact_match";
+  configs[2].type = rlhf::RewardSourceType::kRegex;
+  configs[2].name = "regex";
   configs[2].pattern = "[a-z0-9]+";
   configs[2].weight = 0.25;
-  configs[3].type = "callback";
+  configs[3].type = rlhf::RewardSourceType::kCallback;
   configs[3].name = "length";
   configs[3].weight = -0.5;
   rlhf::RewardCallbacks callbacks{{"length", [](const std::vector<RewardQuery>& q) {
@@ -78,7 +81,7 @@ TEST(RewardSources, ACommandSourceIsAProgramFedJsonLines) {
                          "    ok = q['response'].strip() == q['meta']['chosen']\n"
                          "    print(json.dumps({'reward': 1.0 if ok else -1.0}), flush=True)\n";
   RewardSourceConfig c;
-  c.type = "command";
+  c.type = rlhf::RewardSourceType::kCommand;
   c.name = "verify";
   c.argv = {DSCHAT_PYTHON, file.string()};
   rlhf::RewardSources sources({c}, {});
@@ -87,7 +90,7 @@ TEST(RewardSources, ACommandSourceIsAProgramFedJsonLines) {
 
 TEST(RewardSources, ErrorsNameTheSource) {
   RewardSourceConfig callback;
-  callback.type = "callback";
+  callback.type = rlhf::RewardSourceType::kCallback;
   callback.name = "mine";
   EXPECT_THROW_WITH(rlhf::RewardSources({callback}, {{"other", nullptr}}), core::ConfigError,
                     "no callback is registered under the name 'mine' (registered: other)");
@@ -101,7 +104,8 @@ TEST(RewardSources, ErrorsNameTheSource) {
                                                }}});
   EXPECT_THROW_WITH(score(nan_answer, demo_queries()), core::InvalidArgument, "returned nan for answer 0");
   RewardSourceConfig exact;
-  exact.type = exact.name = "exact_match";
+  exact.type = rlhf::RewardSourceType::kExactMatch;
+  exact.name = "exact_match";
   rlhf::RewardSources no_reference({exact}, {});
   EXPECT_THROW_WITH(score(no_reference, {{"Human: hi Assistant:", " hello", {}}}), core::InvalidArgument,
                     "has no reference answer");
@@ -133,20 +137,20 @@ TEST(RewardSources, ConfigEntriesAreChecked) {
 TEST(GrpoConfig, EstimatorDefaultsAndChecks) {
   using rlhf::parse_grpo_config;
   const rlhf::GrpoConfig grpo = parse_grpo_config(nlohmann::json::object(), "f.json: step2_grpo");
-  EXPECT_EQ(grpo.advantage_estimator, "grpo");
+  EXPECT_EQ(grpo.advantage_estimator, rlhf::AdvantageEstimator::kGrpo);
   EXPECT_EQ(grpo.n_samples_per_prompt, 8);
   EXPECT_EQ(grpo.kl_coef, 0.0);
-  EXPECT_EQ(grpo.kl_mode, "loss");
-  EXPECT_EQ(grpo.kl_estimator, "k3");
-  EXPECT_EQ(grpo.loss_aggregation, "token-mean");
+  EXPECT_EQ(grpo.kl_mode, rlhf::KlMode::kLoss);
+  EXPECT_EQ(grpo.kl_estimator, rlhf::KlEstimator::kK3);
+  EXPECT_EQ(grpo.loss_aggregation, rlhf::LossAggregation::kTokenMean);
   EXPECT_DOUBLE_EQ(grpo.actor.learning_rate, 1e-6);
   EXPECT_TRUE(grpo.sampling.do_sample);
   const rlhf::GrpoConfig rloo = parse_grpo_config(nlohmann::json::object(), "f.json", {}, "rloo");
   EXPECT_EQ(rloo.n_samples_per_prompt, 2);
   EXPECT_DOUBLE_EQ(rloo.kl_coef, 0.05);
-  EXPECT_EQ(rloo.kl_mode, "reward");
-  EXPECT_EQ(rloo.kl_estimator, "k1");
-  EXPECT_EQ(rloo.loss_aggregation, "sequence-mean");
+  EXPECT_EQ(rloo.kl_mode, rlhf::KlMode::kReward);
+  EXPECT_EQ(rloo.kl_estimator, rlhf::KlEstimator::kK1);
+  EXPECT_EQ(rloo.loss_aggregation, rlhf::LossAggregation::kSequenceMean);
   const rlhf::GrpoConfig rpp = parse_grpo_config({{"advantage_estimator", "reinforce_pp_baseline"}}, "f.json", {},
                                                  "reinforce_pp");
   EXPECT_DOUBLE_EQ(rpp.kl_coef, 0.01);
@@ -166,8 +170,8 @@ TEST(GrpoConfig, EstimatorDefaultsAndChecks) {
   const rlhf::PipelineConfig p = rlhf::parse_pipeline_config(
       {{"pipeline", "sft-rloo"}, {"output_dir", "o"}, {"step2_grpo", {{"rewards", {{{"type", "demo_task"}}}}}}}, "f.json");
   EXPECT_EQ(p.steps, (std::vector<int>{1, 2}));
-  EXPECT_EQ(p.kind_of(2), "grpo");
-  EXPECT_EQ(p.step2_grpo.advantage_estimator, "rloo");
+  EXPECT_EQ(p.kind_of(2), rlhf::StepKind::kCriticFree);
+  EXPECT_EQ(p.step2_grpo.advantage_estimator, rlhf::AdvantageEstimator::kRloo);
   EXPECT_EQ(p.step2_grpo.actor_model_name_or_path, "o/actor");
   EXPECT_EQ(p.output_of(2), "o/grpo");
   EXPECT_THROW_WITH(rlhf::parse_pipeline_config({{"pipeline", "sft-grpo"}, {"steps", {1, 3}}}, "f.json"),

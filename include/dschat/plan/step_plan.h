@@ -57,7 +57,7 @@ struct ModelSummary {
 
 struct StepPlan {
   int step = 0;
-  std::string kind;  // sft | rm | ppo | dpo | grpo
+  rlhf::StepKind kind = rlhf::StepKind::kSft;
   std::string block;  // the config block: step1, step2, step3, step2_dpo, step2_grpo
   std::vector<ModelSummary> models;
   std::vector<MemoryItem> items;

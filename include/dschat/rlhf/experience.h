@@ -86,7 +86,7 @@ struct ExperienceOptions {
 
 /// The generation settings of step 3: max_answer_seq_len new tokens, EOS = pad = the tokenizer's,
 /// sampling as configured (greedy by default, as DS-Chat).
-core::GenerationConfig experience_generation_config(const PpoConfig& config, int64_t eos_token_id,
+core::GenerationConfig experience_generation_config(const PolicyStepConfig& config, int64_t eos_token_id,
                                                     int64_t pad_token_id, uint64_t seed);
 
 /// Generates and scores one batch. prompts, prompt_mask: [B, P] left padded, on the host or the

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/monitor/guardian.h"
+#include "dschat/rlhf/critic_free.h"
 #include "dschat/rlhf/ppo_math.h"
 #include "dschat/rlhf/reward_source_config.h"
 
@@ -89,7 +90,7 @@ struct CommonStepConfig {
   /// Ours: a resume whose global batch (rows x GAS x ranks) differs from its checkpoint's:
   /// "exact" refuses it, "allow" goes on from the same sample (another world size with the same
   /// global batch always continues exactly).
-  std::string elastic_resume = "exact";
+  bool elastic_resume_allowed = false;  // the JSON key "elastic_resume": "exact" (false) | "allow" (true)
   /// Ours: write the training-set indices of every trained micro-batch, per rank, to
   /// <dir>_logs/samples.rank<r>.jsonl (kept after the step; src/rlhf/sample_log.h).
   bool log_sample_ids = false;
@@ -155,26 +156,32 @@ struct ExperienceSampling {
 
 /// Step 3's check of the reward model before PPO starts (reward_gate.h): the diagnostics of
 /// reward_diagnostics.h on step 2's eval split, against these limits ("reward_gate": {...}).
+/// What the reward gate does with a failing reward model: refuse (core::ConfigError), warn (log
+/// and train) or off (not run).
+enum class GateAction { kRefuse, kWarn, kOff };
+/// The JSON name: refuse | warn | off.
+const char* gate_action_name(GateAction action);
+
 struct RewardGateConfig {
-  std::string action = "refuse";      // refuse (ConfigError) | warn (log and train) | off (not run)
+  GateAction action = GateAction::kRefuse;
   double min_accuracy = 0.55;         // accuracy below this fails
   double max_length_bias = 0.5;       // Pearson r(score, answer tokens) above this fails
   double max_padding_win_rate = 0.5;  // share of pairs that filler padding scores higher, above this fails
   int64_t max_pairs = 0;              // pairs evaluated (the split's first ones); 0: all
 };
 
-struct PpoConfig {
-  std::string actor_model_name_or_path;   // required (step-1 output)
-  std::string critic_model_name_or_path;  // required (step-2 output)
-  DataConfig data;
-  CommonStepConfig common;  // num_warmup_steps 100
-  ModelTrainingConfig actor;   // learning_rate 9.65e-6
-  ModelTrainingConfig critic;  // learning_rate 5e-6
-  int64_t num_padding_at_beginning = 1;  // accepted for compatibility; step 3 does not use it
-  int64_t per_device_generation_batch_size = 16;
-  int64_t per_device_training_batch_size = 16;
-  int64_t generation_batches = 1;
-  int64_t ppo_epochs = 1;
+/// What every policy-optimisation step shares (PPO and the critic-free step, under the same keys):
+/// the actor and its training, the prompts, the batch sizes and passes, the sequence lengths, the
+/// actor's hybrid engine, the reference's offload, the EMA, sampling and answer printing. The
+/// model builders (rlhf_models.h) and the experience sampler read only these.
+struct PolicyStepConfig {
+  std::string actor_model_name_or_path;  // required (step 1's output)
+  DataConfig data;                       // the prompts: phase 3 of the data split
+  CommonStepConfig common;
+  ModelTrainingConfig actor;
+  int64_t per_device_generation_batch_size = 16;  // prompts per rank and prompt batch
+  int64_t per_device_training_batch_size = 16;    // rows per training micro-batch
+  int64_t ppo_epochs = 1;  // passes over each step's experience (TRL's num_iterations)
   int64_t max_prompt_seq_len = 256;
   int64_t max_answer_seq_len = 256;
   // hybrid_engine block of the actor's DeepSpeed config
@@ -187,73 +194,90 @@ struct PpoConfig {
   /// until measured on a GPU for this step (docs/config.md).
   bool enable_cuda_graph = false;
   bool offload_reference_model = false;
-  bool offload_reward_model = false;
   bool enable_ema = false;
-  bool enable_mixed_precision_lora = false;  // refused: core::Unsupported (no ZeRO++ quantisation)
   /// Ours: where fusing LoRA for generation keeps the unfused weights: auto | device | host
   /// (hybrid::HybridEngineOptions::lora_fuse_backup).
   std::string lora_fuse_backup = "auto";
-  bool align_overflow = false;
+  ExperienceSampling sampling;  // "experience_sampling": {...}
   bool print_answers = false;
   int64_t print_answers_interval = 1;
+  std::string output_dir;
+};
+
+/// Step 3 (ppo_trainer.h): the policy keys (actor learning_rate 9.65e-6, common
+/// num_warmup_steps 100) and the critic's, the reward model's and PPO's own.
+struct PpoConfig : PolicyStepConfig {
+  std::string critic_model_name_or_path;  // required (step-2 output)
+  ModelTrainingConfig critic;  // learning_rate 5e-6
+  int64_t num_padding_at_beginning = 1;  // accepted for compatibility; step 3 does not use it
+  int64_t generation_batches = 1;
+  bool offload_reward_model = false;
+  bool enable_mixed_precision_lora = false;  // refused: core::Unsupported (no ZeRO++ quantisation)
+  bool align_overflow = false;
   bool enable_test_mode = false;
   int64_t test_stop_step = 0;
   /// Ours: answers with fewer non-pad tokens are dropped (DS-Chat: 2, i.e. `valid_len <= 1`
   /// dropped; the demo's one-token answers need 1).
   int64_t min_answer_tokens = kMinAnswerTokens;
   PpoConstants constants;      // "kl_ctl", "clip_reward_value", "cliprange", "cliprange_value", "gamma", "lam"
-  ExperienceSampling sampling;  // "experience_sampling": {...}
   RewardGateConfig reward_gate;  // "reward_gate": {...}
-  std::string output_dir;
 };
+
+/// The critic-free step's advantage estimator (its JSON names: grpo | rloo | reinforce_pp |
+/// reinforce_pp_baseline; REINFORCE++ is OpenRLHF's "reinforce").
+enum class AdvantageEstimator { kGrpo, kRloo, kReinforcePp, kReinforcePpBaseline };
+/// Where the KL to the reference enters: a per-token loss term ("loss") or a reward penalty ("reward").
+enum class KlMode { kLoss, kReward };
+/// How a policy loss averages over answer tokens: "token-mean" or "sequence-mean".
+enum class LossAggregation { kTokenMean, kSequenceMean };
+
+/// The JSON name of each mode (the inverse of the parser's reading): "grpo", "k3", "token-mean"...
+const char* mode_name(AdvantageEstimator mode);
+const char* mode_name(KlMode mode);
+const char* mode_name(LossAggregation mode);
+const char* mode_name(RewardScaling mode);
+const char* mode_name(KlEstimator mode);
+/// The estimator a JSON name denotes; throws core::ConfigError naming `where` for another name.
+AdvantageEstimator advantage_estimator_named(const std::string& name, const std::string& where);
 
 /// The critic-free step (critic_free_trainer.h): GRPO, RLOO or REINFORCE++ over
 /// n_samples_per_prompt answers per prompt, scored by `rewards`. Defaults follow the reference
 /// implementation of the chosen estimator (TRL's GRPOConfig / RLOOConfig, OpenRLHF's REINFORCE++)
-/// where a key is left unset; parse_grpo_config fills them in.
-struct GrpoConfig {
-  std::string actor_model_name_or_path;  // required (step 1's output in `dschat train --pipeline sft-grpo`)
-  DataConfig data;                       // the prompts: phase 3 of the data split, as PPO
-  CommonStepConfig common;
-  ModelTrainingConfig actor;  // learning_rate 1e-6 (TRL's default)
-  /// grpo | rloo | reinforce_pp (REINFORCE++, OpenRLHF's "reinforce") | reinforce_pp_baseline
-  std::string advantage_estimator = "grpo";
+/// where a key is left unset; parse_grpo_config fills them in. The policy keys as PPO's (actor
+/// learning_rate 1e-6, TRL's default; answers sampled at temperature 1).
+struct GrpoConfig : PolicyStepConfig {
+  GrpoConfig() { sampling = ExperienceSampling{true, 1.0, 0, 1.0}; }
+  AdvantageEstimator advantage_estimator = AdvantageEstimator::kGrpo;
   int64_t n_samples_per_prompt = 8;              // >= 2: the group every estimator needs
-  int64_t per_device_generation_batch_size = 16;  // prompts per rank and step
-  int64_t per_device_training_batch_size = 16;    // answers per training micro-batch
-  int64_t ppo_epochs = 1;  // passes over each step's answers (TRL's num_iterations)
-  int64_t max_prompt_seq_len = 256;
-  int64_t max_answer_seq_len = 256;
-  std::string scale_rewards = "group";  // grpo: none | group | batch (Dr. GRPO: none)
+  RewardScaling scale_rewards = RewardScaling::kGroup;  // grpo: none | group | batch (Dr. GRPO: none)
   bool normalize_advantages = false;    // rloo: normalise over the batch (TRL's flag)
   double kl_coef = 0.0;                 // the reference's weight; 0 loads no reference
-  std::string kl_mode = "loss";         // loss (a per-token loss term) | reward (a reward penalty)
-  std::string kl_estimator = "k3";      // k1 | k2 | k3
+  KlMode kl_mode = KlMode::kLoss;
+  KlEstimator kl_estimator = KlEstimator::kK3;  // k1 | k2 | k3
   double clip_low = 0.2, clip_high = 0.2;  // ratio clip [1 - clip_low, 1 + clip_high] (DAPO: 0.2, 0.28)
   /// token-mean (every answer token of an optimizer step weighs the same, on all ranks) |
   /// sequence-mean (each answer's token mean, then the mean over answers). rloo's loss is per
   /// sequence by definition and takes sequence-mean only.
-  std::string loss_aggregation = "token-mean";
+  LossAggregation loss_aggregation = LossAggregation::kTokenMean;
   /// DAPO's dynamic sampling: groups whose rewards are all equal (no learning signal) are dropped
   /// and more prompt batches are drawn, up to dynamic_sampling_max_batches per step.
   bool dynamic_sampling = false;
   int64_t dynamic_sampling_max_batches = 4;
-  // The actor's hybrid engine, reference and EMA, as step 3's keys of the same names.
-  bool enable_hybrid_engine = false;
-  bool unpin_actor_parameters = false;
-  bool release_inference_cache = false;
-  int64_t inference_tp_size = 1;
-  int64_t tp_gather_partition_size = 8;
-  bool enable_cuda_graph = false;
-  bool offload_reference_model = false;
-  bool enable_ema = false;
-  std::string lora_fuse_backup = "auto";
-  ExperienceSampling sampling{true, 1.0, 0, 1.0};  // "experience_sampling": sampled at temperature 1
   std::vector<RewardSourceConfig> rewards;          // required, at least one
-  bool print_answers = false;
-  int64_t print_answers_interval = 1;
-  std::string output_dir;
 };
+
+/// What a pipeline step runs.
+enum class StepKind {
+  kSft,          // step 1: supervised fine-tuning (SftConfig)
+  kRewardModel,  // step 2 of sft-rm-ppo: the reward model (RewardConfig)
+  kPpo,          // step 3: PPO (PpoConfig)
+  kDpo,          // step 2 of sft-dpo (DpoConfig)
+  kCriticFree,   // step 2 of sft-grpo | sft-rloo | sft-reinforce_pp (GrpoConfig)
+};
+/// Its short name in plans and messages: sft | rm | ppo | dpo | grpo.
+const char* step_kind_name(StepKind kind);
+/// The step's config block: "step1", "step2", "step3", "step2_dpo" or "step2_grpo".
+std::string step_block_name(StepKind kind);
 
 /// `dschat train`: the three steps and where their outputs go (<output_dir>/actor, /reward,
 /// /step3/{actor,critic,actor_ema}).
@@ -285,8 +309,8 @@ struct PipelineConfig {
 
   bool dpo() const { return pipeline == "sft-dpo"; }
   bool critic_free() const { return pipeline == "sft-grpo" || pipeline == "sft-rloo" || pipeline == "sft-reinforce_pp"; }
-  /// What step `step` of this pipeline runs: "sft", "rm", "ppo", "dpo" or "grpo".
-  std::string kind_of(int step) const;
+  /// What step `step` of this pipeline runs.
+  StepKind kind_of(int step) const;
   /// The common keys of step 1, 2 or 3 of this pipeline (step 2 of sft-dpo: step2_dpo's).
   const CommonStepConfig& common_of(int step) const;
   CommonStepConfig& common_of(int step);

@@ -15,10 +15,14 @@
 namespace dschat {
 namespace rlhf {
 
+/// What computes a source's score (reward_sources.h); "type" in a config file.
+enum class RewardSourceType { kRewardModel, kExactMatch, kRegex, kDemoTask, kCommand, kCallback };
+/// The JSON name: reward_model | exact_match | regex | demo_task | command | callback.
+const char* reward_source_type_name(RewardSourceType type);
+
 /// One reward source. The reward of an answer is the weighted sum of every source's score.
 struct RewardSourceConfig {
-  /// reward_model | exact_match | regex | demo_task | command | callback
-  std::string type;
+  RewardSourceType type = RewardSourceType::kDemoTask;
   double weight = 1.0;
   /// The source's name in logs and metrics (default: its type). For "callback", the name the
   /// C++ caller registered the function under (required).

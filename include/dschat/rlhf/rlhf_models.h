@@ -54,6 +54,10 @@ struct RlhfPlacement {
 /// are compared with the actor's, which are in that dtype. The EMA is neither offloaded nor
 /// partitioned (DS-Chat does both as for the reference): it is updated every micro-step.
 RlhfPlacement rlhf_placement(const PpoConfig& config, const torch::Device& step_device, torch::ScalarType step_dtype);
+/// The policy side's placement (any policy step): the reward as trained (the critic-free step's
+/// reward models score where the actor trains).
+RlhfPlacement policy_placement(const PolicyStepConfig& config, const torch::Device& step_device,
+                               torch::ScalarType step_dtype);
 
 /// A frozen causal LM from `path` (the reference of step 3 and of DPO) where `at` places it,
 /// requires_grad off and in eval mode: replicated, or loaded partitioned and held by a ZeRO-3
@@ -86,7 +90,7 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
 /// The policy side only: the actor's HybridEngine, the reference (with_reference) and the EMA
 /// (enable_ema), as build_rlhf_models builds them; critic and reward stay null. What the
 /// critic-free step trains (it reads config's actor, hybrid-engine, reference and EMA keys).
-RlhfModels build_policy_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
+RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_iters, int64_t actor_gas,
                                const StepContext& context, bool with_reference, const std::string& where);
 
 /// A frozen value-head model (a reward model) at `at`, as load_frozen_causal_lm.

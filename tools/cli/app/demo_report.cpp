@@ -133,8 +133,12 @@ DemoReport evaluate_demo(const PipelineConfig& config, const PipelineResult& res
   // The critic-free pipelines have no reward model: the demo task's checker was their reward.
   const bool critic_free = config.critic_free();
   report.policy = critic_free ? "GRPO" : "PPO";
-  if (critic_free && config.step2_grpo.advantage_estimator == "rloo") report.policy = "RLOO";
-  if (critic_free && config.step2_grpo.advantage_estimator.rfind("reinforce_pp", 0) == 0) report.policy = "REINFORCE++";
+  const rlhf::AdvantageEstimator estimator = config.step2_grpo.advantage_estimator;
+  if (critic_free && estimator == rlhf::AdvantageEstimator::kRloo) report.policy = "RLOO";
+  if (critic_free && (estimator == rlhf::AdvantageEstimator::kReinforcePp ||
+                      estimator == rlhf::AdvantageEstimator::kReinforcePpBaseline)) {
+    report.policy = "REINFORCE++";
+  }
   report.reward_model = !critic_free;
   std::optional<models::ValueHeadModel> reward;
   if (!critic_free) reward = models::load_value_model(config.step2.output_dir, {});

@@ -162,7 +162,7 @@ std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
     const CommonStepConfig& common = c.common_of(step);
     const std::string name = "step" + std::to_string(step);
     const torch::Device device = core::resolve_device(common.device, name + ": key 'device'", local_rank);
-    std::string kind = c.kind_of(step);
+    std::string kind = rlhf::step_kind_name(c.kind_of(step));
     kind.resize(std::max<size_t>(kind.size(), 3), ' ');  // "rm " lines up with "sft"
     out += name + ": " + kind + "  device " + device.str() +
            "  dtype " + common.dtype + "  model " + c.model_of(step) + "\n";
