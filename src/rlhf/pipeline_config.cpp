@@ -154,7 +154,10 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   c.tokenizer = o.get<std::string>("tokenizer", c.tokenizer);
   c.pipeline = read_one_of(o, "pipeline", c.pipeline,
                            {"sft-rm-ppo", "sft-dpo", "sft-grpo", "sft-rloo", "sft-reinforce_pp"});
-  const bool two_steps = c.pipeline != "sft-rm-ppo";
+  c.step2_kind = c.pipeline == "sft-dpo"      ? StepKind::kDpo
+                 : c.pipeline == "sft-rm-ppo" ? StepKind::kRewardModel
+                                              : StepKind::kCriticFree;  // sft-grpo | sft-rloo | sft-reinforce_pp
+  const bool two_steps = c.step2_kind != StepKind::kRewardModel;
   c.steps = read_steps(o, two_steps ? std::vector<int>{1, 2} : c.steps);
   DSCHAT_CHECK(!two_steps || std::find(c.steps.begin(), c.steps.end(), 3) == c.steps.end(), ConfigError,
                o.at("steps"), ": the ", c.pipeline, " pipeline has steps 1 (SFT) and 2 (",

@@ -235,7 +235,7 @@ class ServeApiTest(unittest.TestCase):
 class BatchingTest(unittest.TestCase):
     def test_concurrent_requests_share_batches_and_answer_as_alone(self):
         prompts = [f"Request number {i} says" + " more" * i for i in range(8)]
-        with ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=["--batch-window-ms", "300"]) as server:
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=["--batch-window-ms", "1000"]) as server:
             client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
             alone = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text
                      for p in prompts]

@@ -294,6 +294,8 @@ struct PipelineConfig {
   /// "sft-grpo" | "sft-rloo" | "sft-reinforce_pp" (step 1, then the critic-free step as step 2
   /// with that advantage_estimator).
   std::string pipeline = "sft-rm-ppo";
+  /// What step 2 runs, parsed from `pipeline` with it (kRewardModel, kDpo or kCriticFree).
+  StepKind step2_kind = StepKind::kRewardModel;
   std::vector<int> steps = {1, 2, 3};
   /// End `dschat train` with the demo's held-out table (demo_report.h); configs/demo.json sets it.
   bool demo_report = false;
@@ -307,8 +309,8 @@ struct PipelineConfig {
   DpoConfig step2_dpo;  // step 2 of the sft-dpo pipeline
   GrpoConfig step2_grpo;  // step 2 of the critic-free pipelines
 
-  bool dpo() const { return pipeline == "sft-dpo"; }
-  bool critic_free() const { return pipeline == "sft-grpo" || pipeline == "sft-rloo" || pipeline == "sft-reinforce_pp"; }
+  bool dpo() const { return step2_kind == StepKind::kDpo; }
+  bool critic_free() const { return step2_kind == StepKind::kCriticFree; }
   /// What step `step` of this pipeline runs.
   StepKind kind_of(int step) const;
   /// The common keys of step 1, 2 or 3 of this pipeline (step 2 of sft-dpo: step2_dpo's).
