@@ -200,9 +200,14 @@ std::optional<monitor::StepFigures> CriticFreeAlgorithm::train(const PolicyStep&
   return health_of(f, answers, step.step, skipped_before);
 }
 
+// "step 2 (grpo)": the step's name in messages and out-of-memory errors.
+std::string critic_free_step_name(const GrpoConfig& config) {
+  return std::string("step 2 (") + mode_name(config.advantage_estimator) + ")";
+}
+
 PolicyLoopSettings critic_free_loop_settings(const GrpoConfig& config) {
   PolicyLoopSettings settings;
-  settings.where = std::string("step 2 (") + mode_name(config.advantage_estimator) + ")";
+  settings.where = critic_free_step_name(config);
   settings.progress_name = settings.where;
   settings.output_dir = config.output_dir;
   settings.common = config.common;
@@ -255,7 +260,7 @@ nlohmann::json GrpoResult::to_json() const {
 }
 
 GrpoResult run_grpo(const GrpoConfig& config, const StepContext& context) {
-  MemoryPhase memory{std::string("step 2 (") + mode_name(config.advantage_estimator) + ")", "actor " + config.actor_model_name_or_path,
+  MemoryPhase memory{critic_free_step_name(config), "actor " + config.actor_model_name_or_path,
                      "loading the actor and its reference"};
   return with_memory_hint(memory, [&] { return run_grpo_phases(config, context); });
 }

@@ -44,22 +44,20 @@ namespace {
 // Runs step `step` of the pipeline; its summary goes to result.summaries["step<N>"].
 void run_step(const PipelineConfig& config, int step, StepContext& context, PipelineResult& result) {
   const std::string key = "step" + std::to_string(step);
+  // A step 2 that starts from step 1's trained model (the demo's reward model, DPO's policy and
+  // reference, the critic-free actor) loads its weights, not random ones.
+  if (step == 2 && config.model_of(step) == config.step1.output_dir) context.random_init = false;
   switch (config.kind_of(step)) {
     case StepKind::kSft:
       result.summaries[key] = run_sft(config.step1, context).to_json();
       break;
     case StepKind::kDpo:
-      // The policy and its reference start from step 1's trained model.
-      if (config.step2_dpo.model_name_or_path == config.step1.output_dir) context.random_init = false;
       result.summaries[key] = run_dpo(config.step2_dpo, context).to_json();
       break;
     case StepKind::kCriticFree:
-      if (config.step2_grpo.actor_model_name_or_path == config.step1.output_dir) context.random_init = false;
       result.summaries[key] = run_grpo(config.step2_grpo, context).to_json();
       break;
     case StepKind::kRewardModel:
-      // Starting from step 1's trained model (the demo's choice): its weights, not random ones.
-      if (config.step2.model_name_or_path == config.step1.output_dir) context.random_init = false;
       result.summaries[key] = run_reward(config.step2, context).to_json();
       break;
     case StepKind::kPpo:

@@ -33,9 +33,15 @@ void PolicyLoop::set_prompts(const data::PhaseData& phase, int64_t pad_token_id,
   if (max_batches_per_epoch >= 0) steps_per_epoch_ = std::min(steps_per_epoch_, max_batches_per_epoch);
 }
 
-nlohmann::json PolicyLoop::layout_json() const {
-  return DataLayout{world_, settings_.generation_batch_size, settings_.generation_batches}.to_json();
+namespace {
+
+// What a checkpoint's "batch" counts in: prompt batches of generation_batch_size per rank,
+// generation_batches of them a step.
+DataLayout prompt_layout(const PolicyLoopSettings& settings, int64_t world) {
+  return DataLayout{world, settings.generation_batch_size, settings.generation_batches};
 }
+
+}  // namespace
 
 void PolicyLoop::check_step(const monitor::StepFigures& figures, int64_t epoch, int64_t first_batch,
                             int64_t end_batch) {
@@ -45,7 +51,7 @@ void PolicyLoop::check_step(const monitor::StepFigures& figures, int64_t epoch, 
 // Restores the models, the position and the algorithm's history from checkpoint `tag` under
 // `dir` (a resume, or the guardian's snapshot); tag "" is the policy's latest.
 nlohmann::json PolicyLoop::restore(PolicyAlgorithm& algorithm, const fs::path& dir, const std::string& tag_or_latest) {
-  const DataLayout layout{world_, settings_.generation_batch_size, settings_.generation_batches};
+  const DataLayout layout = prompt_layout(settings_, world_);
   const nlohmann::json state = algorithm.engines().front()->load_checkpoint(dir / "actor", tag_or_latest);
   algorithm.load_parts(dir, state.at("tag").get<std::string>());
   start_.epoch = state.at("epoch").get<int64_t>();
@@ -61,7 +67,7 @@ nlohmann::json PolicyLoop::restore(PolicyAlgorithm& algorithm, const fs::path& d
 void PolicyLoop::save_state(PolicyAlgorithm& algorithm, const fs::path& dir, const std::string& tag,
                             Position position, engine::AsyncCheckpointWriter* background) {
   algorithm.save_parts(dir, tag, background);
-  const DataLayout layout{world_, settings_.generation_batch_size, settings_.generation_batches};
+  const DataLayout layout = prompt_layout(settings_, world_);
   nlohmann::json state =
       policy_position_state(position.epoch, position.next_batch, steps_per_epoch_, step_, *guard_, layout);
   state["tag"] = tag;
@@ -85,7 +91,7 @@ void PolicyLoop::open(PolicyAlgorithm& algorithm) {
   runner_.set_checkpoint_parts(parts);  // the actor's tags decide retention
   guard_ = std::make_unique<GuardedRun>(settings_.common.guardian, settings_.where, runner_, metrics_.get(),
                                         context_.communicator);
-  const DataLayout layout{world_, settings_.generation_batch_size, settings_.generation_batches};
+  const DataLayout layout = prompt_layout(settings_, world_);
   if (runner_.prepare_resume()) {
     const nlohmann::json state = restore(algorithm, runner_.checkpoint_dir(), "");
     if (state.contains("guardian")) guard_->guardian().load_state(guardian_state_for(state, layout));
@@ -94,7 +100,7 @@ void PolicyLoop::open(PolicyAlgorithm& algorithm) {
                    state.at("tag").get<std::string>(), ") at epoch ", start_.epoch, ", batch ", start_.next_batch);
   }
   std::optional<SampleLog> samples = open_policy_sample_log(settings_.common.log_sample_ids, runner_.log_dir(),
-                                                            context_.communicator, resumed_, step_, layout_json());
+                                                            context_.communicator, resumed_, step_, layout.to_json());
   if (samples) samples_ = std::make_unique<SampleLog>(std::move(*samples));
   heldout_ = start_policy_guard(
       *guard_, step_, [&](bool confirmed) { snapshot(algorithm, start_, confirmed); }, *phase_,
@@ -126,6 +132,7 @@ void PolicyLoop::run(PolicyAlgorithm& algorithm) {
   guard_->finish();
   runner_.finish();
   phase_ = nullptr;
+  heldout_check_ = nullptr;  // it refers to the algorithm, which may not outlive the run
 }
 
 // The epochs from start_, again from a snapshot's position after each rollback.

@@ -37,15 +37,13 @@ using core::seconds_since;
 // training the actor and the critic; the statistics are read when the loop asks (PpoStepReports).
 class PpoAlgorithm : public PolicyAlgorithm {
  public:
+  /// `unsup_sampler`: this rank's sampler over the mixture's blocks (nullopt: no mixture).
   PpoAlgorithm(const PpoConfig& config, const StepContext& context, const tokenizer::Tokenizer& tokenizer,
-               RlhfModels& models, const data::TokenizedDataset& unsup, MemoryPhase& memory)
+               RlhfModels& models, const data::TokenizedDataset& unsup,
+               std::optional<data::DistributedSampler> unsup_sampler, MemoryPhase& memory)
       : config_(config), context_(context), tokenizer_(tokenizer), models_(models), unsup_(unsup), memory_(memory),
         pad_(pad_token_of(tokenizer)), eos_(tokenizer.eos_token_id().value_or(pad_)),
-        mixture_(!config.data.unsupervised_dataset_name.empty()) {
-    if (mixture_) {
-      unsup_sampler_.emplace(unsup.size(), context_world(context), context_rank(context), true, config.common.seed);
-    }
-  }
+        unsup_sampler_(std::move(unsup_sampler)) {}
 
   const PpoResult& result() const { return result_; }
 
@@ -93,7 +91,7 @@ class PpoAlgorithm : public PolicyAlgorithm {
   }
 
   bool draw_companion(int64_t epoch, int64_t batch_index) override {
-    if (!mixture_) return true;
+    if (!mixture()) return true;
     if (batch_index == 0) {
       unsup_batches_.emplace(*unsup_sampler_, epoch, config_.per_device_generation_batch_size, false,
                              [this](const std::vector<int64_t>& items) {
@@ -115,6 +113,7 @@ class PpoAlgorithm : public PolicyAlgorithm {
   void save_outputs(int64_t steps) override;
 
  private:
+  bool mixture() const { return unsup_sampler_.has_value(); }
   // Actor and critic steps skipped for non-finite gradients so far (engines without loss scaling).
   int64_t engine_skips() {
     int64_t skips = 0;
@@ -137,7 +136,6 @@ class PpoAlgorithm : public PolicyAlgorithm {
   const data::TokenizedDataset& unsup_;
   MemoryPhase& memory_;
   const int64_t pad_, eos_;
-  const bool mixture_;
   const core::SteadyClock::time_point start_ = Clock::now();
   std::optional<data::DistributedSampler> unsup_sampler_;
   std::optional<data::EpochBatches<data::SftBatch>> unsup_batches_;
@@ -206,7 +204,7 @@ std::optional<monitor::StepFigures> PpoAlgorithm::train(const PolicyStep& step) 
   for (int64_t ppo_epoch = 0; ppo_epoch < config_.ppo_epochs; ++ppo_epoch) {
     for (size_t i = 0; i < micro.size(); ++i) {
       stats.add(train_rlhf(models_, micro[i], config_.constants, config_.common.compute_fp32_loss, config_.align_overflow));
-      if (mixture_ && i < unsup_micro.size()) {
+      if (mixture() && i < unsup_micro.size()) {
         stats.add_unsupervised(train_unsupervised(models_, unsup_micro[i], config_.data.unsup_coef));
       }
       if (models_.ema) update_ema(models_, kEmaBeta);
@@ -274,9 +272,10 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   const bool mixture = !config.data.unsupervised_dataset_name.empty();
   const int64_t gen_bs = config.per_device_generation_batch_size;
   int64_t mixture_batches = -1;  // an epoch ends with the shorter of the prompt and mixture data
+  std::optional<data::DistributedSampler> unsup_sampler;
   if (mixture) {
-    const data::DistributedSampler unsup_sampler(unsup.size(), loop.world(), loop.rank(), true, config.common.seed);
-    mixture_batches = (unsup_sampler.num_samples() + gen_bs - 1) / gen_bs;
+    unsup_sampler.emplace(unsup.size(), loop.world(), loop.rank(), /*shuffle=*/true, config.common.seed);
+    mixture_batches = (unsup_sampler->num_samples() + gen_bs - 1) / gen_bs;
   }
   loop.set_prompts(phase, pad, mixture_batches);
   const int64_t gas = config.common.gradient_accumulation_steps;
@@ -289,7 +288,7 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   check_vocab(models.actor->actor()->config().vocab_size, tokenizer, config.actor_model_name_or_path);
   check_sequence_length(models.actor->actor()->config(), config.max_prompt_seq_len + config.max_answer_seq_len,
                         where + ": keys 'max_prompt_seq_len' + 'max_answer_seq_len'", config.actor_model_name_or_path);
-  PpoAlgorithm algorithm(config, context, tokenizer, models, unsup, memory);
+  PpoAlgorithm algorithm(config, context, tokenizer, models, unsup, std::move(unsup_sampler), memory);
   setup_sync.reset();
   loop.run(algorithm);
   return algorithm.result();

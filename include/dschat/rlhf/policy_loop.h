@@ -197,7 +197,6 @@ class PolicyLoop {
   // After a kStepReady batch: the step, the guardian's check, the snapshot and the checkpoint.
   void train_step(PolicyAlgorithm& algorithm, int64_t epoch, int64_t batch_index);
   bool at_accumulation_boundary(PolicyAlgorithm& algorithm);
-  nlohmann::json layout_json() const;
 
   PolicyLoopSettings settings_;
   const StepContext& context_;
