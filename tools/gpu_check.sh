@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE (device tool) from the repository root. Prepare here first:
-#   bash tools/gpu_deps.sh          # the Debian packages the binaries (or a build) need -> build-gpu-deps/
+#   bash tools/gpu_deps.sh --runtime  # the libraries the carried binaries load -> build-gpu-deps/
+#                                     # (without --runtime: the -dev packages a build there needs too,
+#                                     #  68 MiB with the bundle: over the device tool's 64)
 #   bash tools/gpu_bundle.sh        # the CUDA build, compiled here -> build-gpu-bin/ (~20 MB)
 # then one call:
 #   run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps", "build-gpu-bin"], timeout_s=590)

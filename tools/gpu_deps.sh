@@ -5,6 +5,10 @@
 #   bash tools/gpu_deps.sh   # then: run(command="bash tools/gpu_check.sh", carry=["build-gpu-deps"])
 # tools/gpu_env.sh unpacks them there into a private prefix; tools/gpu_deps_check.sh checks here
 # that the list is complete. `--list` prints the package names and downloads nothing.
+# `--runtime`: only the shared libraries the binaries of tools/gpu_bundle.sh link (11 MB less:
+# no headers, no libicu-dev), for a call that carries build-gpu-bin/ and compiles nothing there;
+# the first H200 call (2026-12-04) needed it to stay under the device tool's 64 MiB. Without a
+# usable bundle the machine builds, and then needs the full list.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Each -dev package with the runtime libraries it links (the GPU image is not Debian 12 and has
@@ -22,7 +26,10 @@ packages=(
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
   pkgconf pkgconf-bin libpkgconf3
 )
+# What build-gpu-bin/'s binaries load (readelf -d ... | grep NEEDED) beyond glibc, libstdc++ and torch.
+runtime=(libspdlog1.10 libfmt9 libicu72 libonig5 libssl3 zlib1g libpng16-16 libcpp-httplib0.11 libbrotli1)
 if [ "${1:-}" = "--list" ]; then printf '%s\n' "${packages[@]}"; exit 0; fi
+if [ "${1:-}" = "--runtime" ]; then packages=("${runtime[@]}"); fi
 out="$root/build-gpu-deps"
 rm -rf "$out"
 mkdir -p "$out"

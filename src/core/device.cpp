@@ -87,6 +87,15 @@ torch::Device resolve_device(const std::string& name, const std::string& where, 
   return resolve_device(name, where, local_rank, DeviceInventory::from_runtime());
 }
 
+torch::Device indexed_device(const torch::Device& device) {
+  if (!device.is_cuda() || device.has_index()) return device;
+#ifdef DSCHAT_WITH_CUDA
+  return torch::Device(torch::kCUDA, c10::cuda::current_device());
+#else
+  return device;
+#endif
+}
+
 void set_current_device(const torch::Device& device) {
   if (!device.is_cuda()) return;
 #ifdef DSCHAT_WITH_CUDA

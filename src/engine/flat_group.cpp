@@ -1,6 +1,7 @@
 #include "engine/flat_group.h"
 
 #include "core/tensor_util.h"
+#include "dschat/core/device.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -9,6 +10,15 @@ namespace {
 
 int64_t bytes_of(const torch::Tensor& tensor) {
   return tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+}
+
+// A caller's bare torch::kCUDA names the current GPU; the parameters there report cuda:N, and the
+// placement check below compares the two.
+ZeroContext with_indexed_devices(ZeroContext context) {
+  context.model_device = core::indexed_device(context.model_device);
+  context.state_device = core::indexed_device(context.state_device);
+  context.param_store_device = core::indexed_device(context.param_store_device);
+  return context;
 }
 
 }  // namespace
@@ -30,7 +40,7 @@ FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> me
       members_(std::move(members)),
       trainable_(trainable),
       partition_params_(partition_params),
-      context_(context) {
+      context_(with_indexed_devices(context)) {
   DSCHAT_CHECK(!members_.empty(), InvalidArgument, "ZeRO group '", label_, "' has no parameters");
   dtype_ = members_.front().param.scalar_type();
   std::vector<std::pair<std::string, int64_t>> numels;

@@ -144,7 +144,12 @@ torch::Tensor GptModel::alibi_bias(const torch::Tensor& mask, int64_t new_tokens
   // A tensor-parallel shard holds heads [rank * H, (rank + 1) * H) of the full model's slopes.
   const auto& tp = tensor_parallel_group();
   const int64_t heads = config_.num_attention_heads, ranks = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
-  torch::Tensor slopes = alibi_slopes(heads * ranks).narrow(0, rank * heads, heads).to(mask.device());  // [H]
+  // Made on the host once per device: a host copy cannot run inside a CUDA-graph capture.
+  if (!alibi_slopes_.defined() || alibi_slopes_.device() != mask.device() || alibi_slopes_rank_ != rank) {
+    alibi_slopes_ = alibi_slopes(heads * ranks).narrow(0, rank * heads, heads).to(mask.device());  // [H]
+    alibi_slopes_rank_ = rank;
+  }
+  const torch::Tensor& slopes = alibi_slopes_;  // [H]
   torch::Tensor key_mask = mask.to(torch::kInt64);                                         // [B, S]
   torch::Tensor key_position = ((key_mask.cumsum(1) - 1) * key_mask).to(torch::kFloat32);  // [B, S]
   torch::Tensor alibi = slopes.view({1, heads, 1, 1}) * key_position.view({mask.size(0), 1, 1, -1});  // [B, H, 1, S]

@@ -89,6 +89,8 @@ class GptModel : public Backbone {
 
   GptNames names_;
   std::shared_ptr<nn::RotaryFrequencies> rotary_;  // rotary families only (see LlamaModel)
+  torch::Tensor alibi_slopes_;    // [H] ALiBi only: this shard's slopes on the mask's device, made once
+  int64_t alibi_slopes_rank_ = -1;  // the tensor-parallel rank they were cut for
 };
 
 /// ALiBi slopes [heads] (fp32) as BLOOM computes them: a geometric sequence from the nearest

@@ -70,5 +70,16 @@ TEST(Device, AutoMatchesThisMachine) {
   }
 }
 
+// A bare "cuda" gets the index its tensors report; anything indexed or on the CPU is kept.
+TEST(Device, IndexedDeviceNamesTheCurrentGpu) {
+  EXPECT_EQ(core::indexed_device(torch::kCPU), torch::Device(torch::kCPU));
+  EXPECT_EQ(core::indexed_device(torch::Device("cuda:3")), torch::Device("cuda:3"));
+  if (torch::cuda::is_available()) {
+    const torch::Device indexed = core::indexed_device(torch::kCUDA);
+    EXPECT_TRUE(indexed.has_index());
+    EXPECT_EQ(indexed, torch::empty({1}, torch::kCUDA).device());
+  }
+}
+
 }  // namespace
 }  // namespace dschat

@@ -10,6 +10,7 @@
 //   the replicated model.
 #include <gtest/gtest.h>
 
+#include "dschat/core/device.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/engine/zero_inference_engine.h"
 #include "dschat/hybrid/hybrid_engine.h"
@@ -28,7 +29,8 @@ class OnDevice : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   }
-  torch::Device device() const { return torch::Device(GetParam()); }
+  // Indexed (cuda:0, not cuda): the device tensors placed there report, so the two compare equal.
+  torch::Device device() const { return core::indexed_device(torch::Device(GetParam())); }
 };
 
 models::CausalLM load_on(const std::string& fixture, const torch::Device& device,

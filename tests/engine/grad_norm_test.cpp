@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "dschat/core/device.h"
 #include "dschat/core/model_config.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/causal_lm.h"
@@ -48,7 +49,7 @@ void expect_factors_match_the_host_formula(torch::Device device, bool ops_bitwis
         const double expected = host_factor(norm_squared, scale, clip);
         const torch::Tensor factor = engine::unscale_and_clip_factor(squares, scale, clip);  // []
         ASSERT_EQ(factor.dim(), 0);
-        ASSERT_EQ(factor.device(), device);
+        ASSERT_EQ(factor.device(), core::indexed_device(device));
         ASSERT_EQ(factor.item<double>(), expected);
         // A 0-dim fp64 factor multiplies fp32 gradients exactly as the host double did.
         ASSERT_TRUE(torch::equal(grads.clone().mul_(factor), grads.clone().mul_(expected)));

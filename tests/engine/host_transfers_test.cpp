@@ -3,6 +3,7 @@
 // buffers, side-stream copies, non-blocking reads) skip without a GPU.
 #include <gtest/gtest.h>
 
+#include "dschat/core/device.h"
 #include "dschat/core/model_config.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/causal_lm.h"
@@ -117,7 +118,7 @@ TEST(ZeroOffloadCuda, StateIsPinnedAndGradientsArriveOnTheHost) {
       optimizer->after_backward();
       optimizer->reduce_at_boundary();
       norms.push_back(optimizer->gradient_norm_squared());  // [1] fp64 on the state device
-      EXPECT_EQ(norms.back().device(), offload ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA));
+      EXPECT_EQ(norms.back().device(), offload ? torch::Device(torch::kCPU) : core::indexed_device(torch::kCUDA));
       for (const auto& group : optimizer->groups()) {
         EXPECT_EQ(group->owned_gradients().is_pinned(), offload) << group->label();
       }
@@ -170,9 +171,14 @@ TEST(ZeroOffloadCuda, OffloadedTrainingFollowsTheDeviceRun) {
     ASSERT_EQ(norms[0].size(), 3u);
     ASSERT_EQ(norms[1].size(), 3u);
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(norms[1][i], norms[0][i], 1e-4 * norms[0][i]) << "step " << i;
-    // The CPU AdamW and the fused CUDA kernel round differently in the last bits.
+    // The CPU AdamW and the fused CUDA kernel round differently in the last bits. The keys' bias
+    // has no true gradient (softmax ignores a shift shared by every key), so its gradient is
+    // rounding noise that differs between the runs, and Adam turns any noise into steps of up to
+    // lr: there the runs agree only within 3 steps * lr (seen on an H200: 5e-4).
     for (const auto& [name, value] : finals[0]) {
-      EXPECT_LT(testing::max_abs_diff(finals[1].at(name).cpu(), value.cpu()), 1e-5) << "stage " << stage << " " << name;
+      const bool noise_only = name.find("k_proj.bias") != std::string::npos;
+      EXPECT_LT(testing::max_abs_diff(finals[1].at(name).cpu(), value.cpu()), noise_only ? 3 * 1e-2 : 1e-5)
+          << "stage " << stage << " " << name;
     }
   }
 }

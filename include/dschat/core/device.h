@@ -29,6 +29,10 @@ torch::Device resolve_device(const std::string& name, const std::string& where, 
 /// True for the names resolve_device accepts (without resolving them).
 bool is_device_name(const std::string& name);
 
+/// `device` with its index: a bare "cuda" (torch::kCUDA) is this thread's current GPU, the index
+/// every tensor placed there reports (cuda:0), so devices compare equal to tensors' devices.
+torch::Device indexed_device(const torch::Device& device);
+
 /// Makes `device` the current CUDA device (what NCCL communicators and un-indexed kCUDA tensors
 /// use); a no-op for the CPU. Call before creating a communicator.
 void set_current_device(const torch::Device& device);
