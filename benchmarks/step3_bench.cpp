@@ -48,10 +48,10 @@
 #include "dschat/core/json_file.h"
 #include "dschat/core/model_config.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 #include "io/atomic_file.h"
-#include "dschat/rlhf/experience.h"
-#include "dschat/rlhf/ppo_step.h"
+#include "dschat/rlhf/setup/experience.h"
+#include "dschat/rlhf/loop/ppo_step.h"
 #include "dschat/monitor/throughput.h"
 
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/rl/critic_free.json: inputs and the outputs of Python transcriptions of the
 reference implementations of GRPO, RLOO and REINFORCE++ (advantages, losses, gradients), which
-tests/rlhf/critic_free_test.cpp compares dschat's rlhf/critic_free.h against.
+tests/rlhf/critic_free_test.cpp compares dschat's rlhf/math/critic_free.h against.
 
 Transcribed from (see shared/reference/rl-algorithms.md for the line ranges):
   GRPO   huggingface/trl f2cd5771 (1.10.0.dev0): trl/trainer/grpo_trainer.py

@@ -19,10 +19,10 @@
 #include <dschat/hybrid/hybrid_engine.h>
 #include <dschat/models/load_save.h>
 #include <dschat/monitor/metrics_log.h>
-#include <dschat/rlhf/experience.h>
-#include <dschat/rlhf/log_probs.h>
-#include <dschat/rlhf/policy_loop.h>
-#include <dschat/rlhf/step_setup.h>
+#include <dschat/rlhf/setup/experience.h>
+#include <dschat/rlhf/math/log_probs.h>
+#include <dschat/rlhf/loop/policy_loop.h>
+#include <dschat/rlhf/setup/step_setup.h>
 #include <dschat/tokenizer/tokenizer.h>
 
 #include <iostream>
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     settings.where = "reinforce_trainer";
     settings.progress_name = "REINFORCE";
     settings.output_dir = args.output_dir + "/actor";
-    settings.common.dtype = "fp32";
+    settings.common.dtype = torch::kFloat32;
     settings.common.seed = 1234;
     settings.common.num_train_epochs = args.steps;  // each epoch has at least one step
     settings.common.checkpoint_interval = args.checkpoint_interval;

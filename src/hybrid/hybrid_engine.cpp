@@ -32,9 +32,6 @@ bool self_check_by_default() {
 HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
     : actor_(std::move(actor)), options_(std::move(options)) {
   DSCHAT_CHECK(!actor_.is_empty(), InvalidArgument, "HybridEngine: no actor model");
-  const std::string& backup = options_.lora_fuse_backup;
-  DSCHAT_CHECK(backup == "auto" || backup == "device" || backup == "host", ConfigError,
-               "HybridEngine: lora_fuse_backup must be auto, device or host, got '", backup, "'");
   const engine::HybridEngineConfig& he = options_.training.config.hybrid_engine;
   training_ = std::make_unique<engine::TrainingEngine>(actor_.ptr(), options_.training);
   options_.training.deferred.reset();  // a deferred load's checkpoint mapping: the engine has what it keeps

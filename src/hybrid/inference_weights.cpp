@@ -77,13 +77,27 @@ int64_t free_device_bytes(const torch::Device& device) {
 
 }  // namespace
 
-torch::Device lora_backup_device(models::CausalLM& actor, const std::string& choice) {
-  DSCHAT_CHECK(choice == "auto" || choice == "device" || choice == "host", ConfigError,
-               "hybrid engine: lora_fuse_backup must be auto, device or host, got '", choice, "'");
+const char* lora_fuse_backup_name(LoraFuseBackup backup) {
+  switch (backup) {
+    case LoraFuseBackup::kAuto: return "auto";
+    case LoraFuseBackup::kDevice: return "device";
+    case LoraFuseBackup::kHost: return "host";
+  }
+  return "auto";
+}
+
+std::optional<LoraFuseBackup> lora_fuse_backup_named(const std::string& name) {
+  for (LoraFuseBackup b : {LoraFuseBackup::kAuto, LoraFuseBackup::kDevice, LoraFuseBackup::kHost}) {
+    if (name == lora_fuse_backup_name(b)) return b;
+  }
+  return std::nullopt;
+}
+
+torch::Device lora_backup_device(models::CausalLM& actor, LoraFuseBackup choice) {
   const auto params = actor->parameters();
   const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
-  if (choice == "host") return torch::kCPU;
-  if (choice == "device" || device.is_cpu()) return device;
+  if (choice == LoraFuseBackup::kHost) return torch::kCPU;
+  if (choice == LoraFuseBackup::kDevice || device.is_cpu()) return device;
   int64_t backup_bytes = 0;  // the weights of the Linear layers that carry adapters
   const auto named = actor->named_parameters();
   for (const auto& item : named) {

@@ -27,13 +27,12 @@ namespace hybrid {
 struct InferenceWeightsOptions {
   bool pin_parameters = true;
   int64_t layers_per_gather = 8;  // tp_gather_partition_size
-  std::string lora_fuse_backup = "auto";  // auto | device | host (HybridEngineOptions)
+  LoraFuseBackup lora_fuse_backup = LoraFuseBackup::kAuto;  // HybridEngineOptions::lora_fuse_backup
 };
 
-/// Where fuse_lora keeps `actor`'s unfused weights under `choice` (auto | device | host): the
-/// device when asked, or for "auto" when the device's free memory is at least twice the backups'
-/// bytes (a CPU model: the CPU). Throws core::ConfigError for another choice.
-torch::Device lora_backup_device(models::CausalLM& actor, const std::string& choice);
+/// Where fuse_lora keeps `actor`'s unfused weights under `choice`: the device when asked, or for
+/// kAuto when the device's free memory is at least twice the backups' bytes (a CPU model: the CPU).
+torch::Device lora_backup_device(models::CausalLM& actor, LoraFuseBackup choice);
 
 class InferenceWeights {
  public:

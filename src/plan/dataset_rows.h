@@ -3,7 +3,7 @@
 // train rows, split as DeepSpeed-Chat splits them for the step's phase. Nothing is tokenised.
 #include <cstdint>
 
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 
 namespace dschat {
 namespace plan {

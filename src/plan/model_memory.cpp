@@ -8,7 +8,7 @@
 #include "dschat/models/causal_lm.h"
 #include "dschat/models/value_head.h"
 #include "dschat/nn/linear.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/setup/step_setup.h"
 
 namespace dschat {
 namespace plan {
@@ -89,7 +89,8 @@ std::vector<engine::ParameterSpec> parameter_specs(const ModelSetup& setup) {
     return finish(specs_of(model, model->backbone()));
   }
   models::CausalLM model(setup.config);
-  if (setup.trained || setup.role == "ema") rlhf::apply_lora(*model, lora, freeze_others);
+  // A frozen model with a LoRA size is the actor's EMA copy, which has the actor's LoRA modules.
+  if (setup.trained || setup.lora_dim > 0) rlhf::apply_lora(*model, lora, freeze_others);
   return finish(specs_of(model, model->backbone()));
 }
 

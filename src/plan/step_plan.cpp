@@ -9,7 +9,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/io/model_source.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/setup/step_setup.h"
 #include "plan/dataset_rows.h"
 #include "plan/step_time.h"
 
@@ -39,13 +39,12 @@ core::ModelConfig shape_of(const std::vector<std::string>& names, const std::str
 }
 
 ModelSetup trained_setup(const std::string& role, const core::ModelConfig& shape, bool value_head,
-                         const rlhf::CommonStepConfig& common, const rlhf::ModelTrainingConfig& model,
-                         const std::string& where) {
+                         const rlhf::CommonStepConfig& common, const rlhf::ModelTrainingConfig& model) {
   ModelSetup s;
   s.role = role;
   s.config = shape;
   s.value_head = value_head;
-  s.dtype = rlhf::step_dtype(common.dtype, where);
+  s.dtype = common.dtype;
   s.trained = true;
   s.zero_stage = model.zero_stage;
   s.offload = common.offload;
@@ -121,7 +120,7 @@ class StepBuilder {
 // the TP shard copy, the LoRA fuse backup.
 void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int64_t max_out_tokens,
                     bool hybrid_engine, bool release_cache, int64_t tp, bool pin, int64_t tp_group_layers,
-                    const std::string& lora_fuse_backup) {
+                    hybrid::LoraFuseBackup lora_fuse_backup) {
   const ModelSetup& s = actor.setup;
   const int64_t kv = kv_workspace_bytes(s.config, s.dtype, rows * std::max<int64_t>(tp, 1), max_out_tokens);
   b.add_item({s.role, "KV workspace [L, 2, B, H_kv, max_out_tokens, D]", release_cache ? "generate" : "", kv, 0});
@@ -141,9 +140,9 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   }
   if (s.lora_dim > 0) {
     const int64_t backup = lora_wrapped_bytes(actor.specs) / (s.zero_stage == 3 ? std::max<int64_t>(s.config.num_hidden_layers, 1) : 1);
-    const bool host = lora_fuse_backup == "host";
+    const bool host = lora_fuse_backup == hybrid::LoraFuseBackup::kHost;
     MemoryItem item{s.role, "LoRA fuse backup of the wrapped weights", "generate", host ? 0 : backup, host ? backup : 0};
-    item.host_when_short = lora_fuse_backup == "auto" && s.zero_stage != 3;
+    item.host_when_short = lora_fuse_backup == hybrid::LoraFuseBackup::kAuto && s.zero_stage != 3;
     b.add_item(item);
   }
   // Decode logits [rows, V] fp32 and the sampling buffers.
@@ -167,7 +166,7 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
   const int64_t eval_batch = sft ? c.step1.per_device_eval_batch_size : c.step2.per_device_eval_batch_size;
   const int64_t seq = sft ? c.step1.max_seq_len : c.step2.max_seq_len;
   const int64_t rows_per_pass = sft ? 1 : 2;  // the reward model scores chosen and rejected together
-  const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", shape, !sft, common, model, plan.block));
+  const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", shape, !sft, common, model));
   b.append(training_pass(m.setup, m.specs, {batch * rows_per_pass, seq}, b.world(), common.gradient_accumulation_steps,
                          "train"));
   b.append(inference_pass(m.setup, m.specs, {eval_batch * rows_per_pass, seq}, "evaluate"));
@@ -177,7 +176,7 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
 void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
   const rlhf::DpoConfig& d = c.step2_dpo;
   const core::ModelConfig shape = shape_of({d.model_name_or_path, c.step1.model_name_or_path}, "step2_dpo");
-  const PlannedModel& policy = b.add(trained_setup("policy", shape, false, d.common, d.model, "step2_dpo"));
+  const PlannedModel& policy = b.add(trained_setup("policy", shape, false, d.common, d.model));
   const PlannedModel& reference = b.add(frozen_setup("reference", shape, false, policy.setup.dtype,
                                                      d.model.zero_stage, d.offload_reference_model));
   const PassShape pass{2 * d.per_device_train_batch_size, d.max_seq_len};
@@ -192,7 +191,7 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
   const core::ModelConfig actor_shape = shape_of({p.actor_model_name_or_path, c.step1.model_name_or_path}, "step3");
   const core::ModelConfig critic_shape = shape_of(
       {p.critic_model_name_or_path, c.step2.model_name_or_path, c.reward_model, c.step1.model_name_or_path}, "step3");
-  const PlannedModel& actor = b.add(trained_setup("actor", actor_shape, false, p.common, p.actor, "step3"));
+  const PlannedModel& actor = b.add(trained_setup("actor", actor_shape, false, p.common, p.actor));
   const torch::ScalarType dtype = actor.setup.dtype;
   const PlannedModel& reference =
       b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));
@@ -202,7 +201,7 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
     e.lora_module_name = p.actor.lora_module_name;
     b.add(e);
   }
-  const PlannedModel& critic = b.add(trained_setup("critic", critic_shape, true, p.common, p.critic, "step3"));
+  const PlannedModel& critic = b.add(trained_setup("critic", critic_shape, true, p.common, p.critic));
   const PlannedModel& reward =
       b.add(frozen_setup("reward", critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
   const int64_t rows_per_batch = p.per_device_generation_batch_size;
@@ -228,7 +227,7 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
 void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
   const rlhf::GrpoConfig& g = c.step2_grpo;
   const core::ModelConfig shape = shape_of({g.actor_model_name_or_path, c.step1.model_name_or_path}, "step2_grpo");
-  const PlannedModel& actor = b.add(trained_setup("actor", shape, false, g.common, g.actor, "step2_grpo"));
+  const PlannedModel& actor = b.add(trained_setup("actor", shape, false, g.common, g.actor));
   const torch::ScalarType dtype = actor.setup.dtype;
   std::vector<const PlannedModel*> scorers;  // the builder keeps them
   if (g.kl_coef != 0.0) {

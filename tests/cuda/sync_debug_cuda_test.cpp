@@ -9,7 +9,7 @@
 
 #include "cuda/cuda_cases.h"
 #include "dschat/core/host_sync.h"
-#include "dschat/rlhf/pipeline.h"
+#include "dschat/rlhf/trainers/pipeline.h"
 #include "test_util.h"
 #include "tiny_pipeline.h"
 

@@ -8,7 +8,7 @@
 
 #include "dschat/monitor/guardian.h"
 #include "dschat/monitor/metrics_log.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 #include "test_util.h"
 
 namespace dschat {

@@ -7,8 +7,8 @@
 
 #include "dschat/engine/zero_groups.h"
 #include "dschat/plan/model_memory.h"
-#include "dschat/rlhf/sft_loss.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/math/sft_loss.h"
+#include "dschat/rlhf/setup/step_setup.h"
 #include "plan_test_setup.h"
 #include "test_util.h"
 
@@ -29,7 +29,7 @@ TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
   context.random_init = true;
   rlhf::CommonStepConfig common;
   common.device = "cpu";
-  common.dtype = "fp32";
+  common.dtype = torch::kFloat32;
   common.gradient_accumulation_steps = 2;
   common.only_optimize_lora = c.lora_dim > 0;
   rlhf::ModelTrainingConfig training;

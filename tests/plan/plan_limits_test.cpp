@@ -20,7 +20,7 @@ rlhf::PipelineConfig step3_setting(const std::string& actor, int64_t world) {
   c.step3.actor_model_name_or_path = actor;
   c.step3.critic_model_name_or_path = "opt-350m";
   rlhf::PpoConfig& p = c.step3;
-  p.common.dtype = "fp16";
+  p.common.dtype = torch::kHalf;
   p.per_device_generation_batch_size = p.per_device_training_batch_size = 1;
   p.max_prompt_seq_len = p.max_answer_seq_len = 256;
   p.enable_hybrid_engine = true;

@@ -17,8 +17,8 @@
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/zero_groups.h"
 #include "dschat/plan/step_plan.h"
-#include "dschat/rlhf/sft_loss.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/math/sft_loss.h"
+#include "dschat/rlhf/setup/step_setup.h"
 #include "../worker_args.h"
 #include "plan_test_setup.h"
 
@@ -70,7 +70,7 @@ int run(const Case& c, const std::string& out, int64_t timeout_ms) {
   rlhf::SftConfig& sft = config.step1;
   sft.model_name_or_path = c.model;
   sft.common.device = "cpu";
-  sft.common.dtype = "fp32";
+  sft.common.dtype = torch::kFloat32;
   sft.common.offload = c.offload;
   sft.common.gradient_accumulation_steps = c.gas;
   sft.common.only_optimize_lora = c.lora_dim > 0;

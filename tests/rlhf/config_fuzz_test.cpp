@@ -13,7 +13,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/core/json_file.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 #include "test_util.h"
 
 namespace dschat {

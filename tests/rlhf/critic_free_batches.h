@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dschat/rlhf/pipeline_config.h"
-#include "rlhf/critic_free_step.h"
+#include "dschat/rlhf/config/pipeline_config.h"
+#include "rlhf/loop/critic_free_step.h"
 
 namespace dschat {
 namespace testing {

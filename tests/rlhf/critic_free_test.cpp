@@ -1,4 +1,4 @@
-// GRPO, RLOO and REINFORCE++ math (rlhf/critic_free.h) against tests/fixtures/rl/critic_free.json,
+// GRPO, RLOO and REINFORCE++ math (rlhf/math/critic_free.h) against tests/fixtures/rl/critic_free.json,
 // written by tools/make_rl_fixtures.py from Python transcriptions of TRL's GRPOTrainer and
 // RLOOTrainer (f2cd5771) and OpenRLHF's experience maker (3c3be623): advantages under every
 // scaling/aggregation/estimator, with unscorable rows, groups of equal rewards and groups with a
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/critic_free.h"
+#include "dschat/rlhf/math/critic_free.h"
 #include "test_util.h"
 
 namespace dschat {

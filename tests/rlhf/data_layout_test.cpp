@@ -1,4 +1,4 @@
-// The data position of a checkpoint on another layout (src/rlhf/data_layout.h): the micro-batch
+// The data position of a checkpoint on another layout (src/rlhf/setup/data_layout.h): the micro-batch
 // a resume continues at, the refusal of another global batch, and the guardian's skipped windows
 // moved onto the new layout's micro-batches.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/core/error.h"
-#include "rlhf/data_layout.h"
+#include "rlhf/setup/data_layout.h"
 #include "test_util.h"
 
 namespace dschat {

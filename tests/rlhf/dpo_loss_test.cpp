@@ -13,7 +13,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/dpo_loss.h"
+#include "dschat/rlhf/math/dpo_loss.h"
 #include "test_util.h"
 
 namespace dschat {

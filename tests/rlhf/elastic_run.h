@@ -1,7 +1,7 @@
 #pragma once
 // Runs of `dschat train` on 1..4 local ranks for the elastic-resume tests: to the end, or killed
 // (the launcher and every rank, SIGKILL) once a number of checkpoints is committed; and the
-// per-epoch multisets of the sample ids a step's log_sample_ids wrote (src/rlhf/sample_log.h).
+// per-epoch multisets of the sample ids a step's log_sample_ids wrote (src/rlhf/setup/sample_log.h).
 #include <gtest/gtest.h>
 
 #include <signal.h>

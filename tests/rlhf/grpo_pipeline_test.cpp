@@ -15,7 +15,7 @@
 #include "dschat/core/json_file.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/critic_free_trainer.h"
+#include "dschat/rlhf/trainers/critic_free_trainer.h"
 #include "test_util.h"
 #include "tiny_pipeline.h"
 

@@ -23,9 +23,9 @@
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/load_save.h"
 #include "dschat/monitor/metrics_log.h"
-#include "dschat/rlhf/sft_loss.h"
-#include "dschat/rlhf/step_runner.h"
-#include "dschat/rlhf/supervised_loop.h"
+#include "dschat/rlhf/math/sft_loss.h"
+#include "dschat/rlhf/setup/step_runner.h"
+#include "dschat/rlhf/loop/supervised_loop.h"
 #include "test_util.h"
 
 namespace dschat {

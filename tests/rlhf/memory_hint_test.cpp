@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "rlhf/memory_hint.h"
+#include "rlhf/setup/memory_hint.h"
 #include "test_util.h"
 
 namespace dschat {

@@ -1,4 +1,4 @@
-// The gate before a step's final save (rlhf/output_gate.h): a diverged model (NaN/Inf weights)
+// The gate before a step's final save (rlhf/setup/output_gate.h): a diverged model (NaN/Inf weights)
 // or an untrained one (no optimizer update) fails the step, non-zero exit, nothing saved as
 // finished; the staging directory of a failed save is removed; sequence lengths beyond a learned
 // position table are refused before training.
@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "dschat/rlhf/output_gate.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/setup/output_gate.h"
+#include "dschat/rlhf/setup/step_setup.h"
 #include "test_util.h"
 #include "tiny_pipeline.h"
 

@@ -11,9 +11,9 @@
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
-#include "dschat/rlhf/pipeline_config.h"
-#include "dschat/rlhf/step_setup.h"
-#include "rlhf/critic_free_support.h"
+#include "dschat/rlhf/config/pipeline_config.h"
+#include "dschat/rlhf/setup/step_setup.h"
+#include "rlhf/trainers/critic_free_support.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -49,7 +49,7 @@ TEST(PipelineConfig, EmptyBlocksGiveDeepSpeedChatDefaults) {
   EXPECT_EQ(s1.common.lr_scheduler_type, "cosine");
   EXPECT_EQ(s1.common.num_warmup_steps, 0);
   EXPECT_EQ(s1.common.seed, 1234u);
-  EXPECT_EQ(s1.common.dtype, "fp16");
+  EXPECT_EQ(s1.common.dtype, torch::kHalf);
   EXPECT_EQ(s1.model.zero_stage, 0);
   EXPECT_EQ(s1.model.lora_dim, 0);
   EXPECT_EQ(s1.model.lora_module_name, "decoder.layers.");
@@ -258,7 +258,14 @@ TEST(PipelineConfig, WrongTypesAndRangesNameTheKey) {
   EXPECT_THROW_WITH(parse_pipeline_config({{"steps", {2, 2}}}, "my.json"), core::ConfigError, "listed twice");
   EXPECT_THROW_WITH(parse_pipeline_config({{"step1", 3}}, "my.json"), core::ConfigError, "key 'step1' expects an object");
   EXPECT_EQ(parse_pipeline_config({{"steps", {3, 1}}}, "my.json").steps, (std::vector<int>{3, 1}));
-  EXPECT_EQ(step("step1", {{"dtype", "fp32"}}).step1.common.dtype, "fp32");
+  EXPECT_EQ(step("step1", {{"dtype", "fp32"}}).step1.common.dtype, torch::kFloat32);
+  EXPECT_EQ(step("step1", {{"dtype", "bf16"}}).step1.common.dtype, torch::kBFloat16);
+  // The hybrid engine's LoRA backup is refused here, by name, before any engine sees it.
+  EXPECT_THROW_WITH(step("step3", {{"lora_fuse_backup", "gpu"}}), core::ConfigError,
+                    "my.json: step3: key 'lora_fuse_backup': 'gpu' is not one of auto, device, host");
+  EXPECT_EQ(step("step3", {{"lora_fuse_backup", "host"}}).step3.lora_fuse_backup, hybrid::LoraFuseBackup::kHost);
+  EXPECT_EQ(step("step2_grpo", {{"lora_fuse_backup", "device"}}).step2_grpo.lora_fuse_backup,
+            hybrid::LoraFuseBackup::kDevice);
 }
 
 TEST(PipelineConfig, StepThreeValidationRules) {
@@ -362,6 +369,28 @@ TEST(PipelineConfig, BadDeviceNamesTheKey) {
   }
 }
 
+// The app resolves every block's device once; the trainers' step_device then reads it. cuda:99
+// exists on no machine, so the test means the same with or without a GPU.
+TEST(PipelineConfig, StepDevicesAreResolvedOnceAndRunBlocksMustResolve) {
+  rlhf::PipelineConfig c = parse_pipeline_config(
+      {{"device", "cpu"}, {"steps", {1}}, {"step3", {{"device", "cuda:99"}}}}, "my.json");
+  rlhf::resolve_step_devices(c, -1);
+  ASSERT_TRUE(c.step1.common.resolved_device.has_value());
+  EXPECT_TRUE(c.step1.common.resolved_device->is_cpu());
+  EXPECT_TRUE(c.step2_grpo.common.resolved_device.has_value());
+  EXPECT_FALSE(c.step3.common.resolved_device.has_value());  // not run: left for step_device to refuse
+  rlhf::StepContext context;
+  EXPECT_THROW_WITH(rlhf::step_device(c.step3.common, context, "my.json: step3"), core::ConfigError,
+                    "my.json: step3: key 'device'");
+  // What step_device returns is the resolved device, not a fresh resolution of the name.
+  c.step1.common.device = "cuda:99";
+  EXPECT_TRUE(rlhf::step_device(c.step1.common, context, "my.json: step1").is_cpu());
+
+  rlhf::PipelineConfig runs_it = parse_pipeline_config(
+      {{"device", "cpu"}, {"steps", {1, 3}}, {"step3", {{"device", "cuda:99"}}}}, "my.json");
+  EXPECT_THROW_WITH(rlhf::resolve_step_devices(runs_it, -1), core::ConfigError, "step3: key 'device': ");
+}
+
 TEST(PipelineConfig, StepDataMergesOverSharedData) {
   rlhf::PipelineConfig c = parse_pipeline_config(
       {{"data", {{"data_path", "local/jsonfile"}, {"data_split", "6,2,2"}}},
@@ -384,7 +413,7 @@ TEST(PipelineConfig, DemoConfigParses) {
   EXPECT_EQ(c.step2.data.local_jsonfile_dir, "data/demo");
   EXPECT_EQ(c.step3.data.local_jsonfile_dir, "data/demo");
   EXPECT_EQ(c.step1.data.data_output_path, "");
-  EXPECT_EQ(c.step1.common.dtype, "fp32");
+  EXPECT_EQ(c.step1.common.dtype, torch::kFloat32);
   EXPECT_EQ(c.step3.max_answer_seq_len, 4);
   EXPECT_TRUE(c.step3.sampling.do_sample);
   EXPECT_TRUE(c.step3.enable_ema);

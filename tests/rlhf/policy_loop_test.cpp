@@ -16,9 +16,9 @@
 
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/policy_loop.h"
-#include "dschat/rlhf/sft_loss.h"
-#include "rlhf/step_runner_testing.h"
+#include "dschat/rlhf/loop/policy_loop.h"
+#include "dschat/rlhf/math/sft_loss.h"
+#include "rlhf/setup/step_runner_testing.h"
 #include "test_util.h"
 
 namespace dschat {

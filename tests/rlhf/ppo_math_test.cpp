@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/ppo_math.h"
+#include "dschat/rlhf/math/ppo_math.h"
 #include "test_util.h"
 
 namespace dschat {

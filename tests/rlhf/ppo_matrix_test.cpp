@@ -13,8 +13,8 @@
 #include "dschat/models/load_save.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/monitor/metrics_log.h"
-#include "dschat/rlhf/ppo_trainer.h"
-#include "dschat/rlhf/rlhf_models.h"
+#include "dschat/rlhf/trainers/ppo_trainer.h"
+#include "dschat/rlhf/setup/rlhf_models.h"
 #include "test_util.h"
 
 namespace dschat {

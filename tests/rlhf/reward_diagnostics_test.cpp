@@ -10,8 +10,8 @@
 
 #include "dschat/core/json_file.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/reward_diagnostics.h"
-#include "dschat/rlhf/reward_gate.h"
+#include "dschat/rlhf/rewards/reward_diagnostics.h"
+#include "dschat/rlhf/rewards/reward_gate.h"
 #include "test_util.h"
 
 namespace dschat {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/reward_loss.h"
+#include "dschat/rlhf/math/reward_loss.h"
 #include "test_util.h"
 
 namespace dschat {

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/reward_program.h"
+#include "dschat/rlhf/rewards/reward_program.h"
 #include "test_util.h"
 
 namespace dschat {

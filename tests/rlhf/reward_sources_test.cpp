@@ -1,4 +1,4 @@
-// The critic-free step's reward sources (rlhf/reward_sources.h): the built-in verifiers' answer
+// The critic-free step's reward sources (rlhf/rewards/reward_sources.h): the built-in verifiers' answer
 // normalisation, each source type scoring a batch, weights, and the errors that stop a step
 // (an unregistered callback, a wrong count, a non-finite reward, a record without a reference).
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/pipeline_config.h"
-#include "dschat/rlhf/reward_sources.h"
+#include "dschat/rlhf/config/pipeline_config.h"
+#include "dschat/rlhf/rewards/reward_sources.h"
 #include "test_util.h"
 
 namespace dschat {

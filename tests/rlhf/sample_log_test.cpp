@@ -1,4 +1,4 @@
-// The sample log (src/rlhf/sample_log.h): records written through, a rewind to step K drops the
+// The sample log (src/rlhf/setup/sample_log.h): records written through, a rewind to step K drops the
 // records of later updates from every rank's file (ranks of an earlier, larger world included)
 // and keeps the event lines, a fresh start empties it, a line cut short by a kill is dropped,
 // and a folder that cannot be written is an IoError naming the file.
@@ -12,7 +12,7 @@
 
 #include "dschat/core/error.h"
 #include "dist/child_runner.h"  // read_text
-#include "rlhf/sample_log.h"
+#include "rlhf/setup/sample_log.h"
 #include "test_util.h"
 
 namespace dschat {

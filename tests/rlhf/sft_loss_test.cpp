@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dschat/core/error.h"
-#include "dschat/rlhf/sft_loss.h"
+#include "dschat/rlhf/math/sft_loss.h"
 #include "test_util.h"
 
 namespace dschat {

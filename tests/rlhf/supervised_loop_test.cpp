@@ -18,10 +18,10 @@
 #include "dschat/engine/training_engine.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/sft_loss.h"
-#include "dschat/rlhf/supervised_loop.h"
+#include "dschat/rlhf/math/sft_loss.h"
+#include "dschat/rlhf/loop/supervised_loop.h"
 #include "engine/checkpoint_testing.h"
-#include "rlhf/step_runner_testing.h"
+#include "rlhf/setup/step_runner_testing.h"
 #include "test_util.h"
 
 namespace dschat {

@@ -11,9 +11,9 @@
 #include "dschat/inference/generate.h"
 #include "dschat/models/load_save.h"
 #include "dschat/nn/lora.h"
-#include "dschat/rlhf/experience.h"
-#include "dschat/rlhf/log_probs.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/setup/experience.h"
+#include "dschat/rlhf/math/log_probs.h"
+#include "dschat/rlhf/setup/step_setup.h"
 #include "dschat/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -180,7 +180,7 @@ TEST(Toolkit, EngineWithDsChatDefaultsLoraAndSavingAFusedHfDirectory) {
   EXPECT_GT(adapters, 0);
 
   rlhf::CommonStepConfig common;
-  common.dtype = "fp32";
+  common.dtype = torch::kFloat32;
   common.lr_scheduler_type = "constant";
   rlhf::StepContext context;
   auto engine = rlhf::make_training_engine(model.ptr(), common, training, /*micro_batch=*/2,

@@ -40,7 +40,7 @@ void add_plan_command(CLI::App& app) {
     app::TrainArguments args = f->resolved();
     args.keep_preset_dtypes = hw->names_gpu();
     const app::TrainPlan train = app::plan_train(args, DSCHAT_SOURCE_DIR);
-    const plan::PipelinePlan plan = app::plan_for(train.config, *hw, args.local_rank);
+    const plan::PipelinePlan plan = app::plan_for(train.config, *hw);
     if (*json) {
       std::cout << plan::plan_to_json(plan).dump(2) << "\n";
     } else {

@@ -12,11 +12,11 @@
 #include "train_flags.h"
 #include "dschat/core/logging.h"
 #include "dschat/core/error.h"
-#include "dschat/rlhf/pipeline.h"
-#include "dschat/rlhf/ppo_trainer.h"
-#include "dschat/rlhf/reward_diagnostics.h"
-#include "dschat/rlhf/reward_trainer.h"
-#include "dschat/rlhf/sft_trainer.h"
+#include "dschat/rlhf/trainers/pipeline.h"
+#include "dschat/rlhf/trainers/ppo_trainer.h"
+#include "dschat/rlhf/rewards/reward_diagnostics.h"
+#include "dschat/rlhf/trainers/reward_trainer.h"
+#include "dschat/rlhf/trainers/sft_trainer.h"
 
 namespace dschat {
 namespace cli {
@@ -25,7 +25,7 @@ namespace {
 rlhf::StepContext make_context(const TrainFlags& flags, const rlhf::PipelineConfig& config) {
   rlhf::StepContext context;
   context.local_rank = app::launcher_local_rank();
-  context.communicator = app::communicator_from_environment(app::pipeline_device(config, context.local_rank),
+  context.communicator = app::communicator_from_environment(app::pipeline_device(config),
                                                             std::chrono::seconds(config.collective_timeout_seconds));
   context.random_init = config.init == "random";
   context.tokenizer_dir = config.tokenizer;
@@ -46,7 +46,7 @@ void check_plan(const rlhf::PipelineConfig& config) {
   hardware.count_rows = false;  // the fit, not the time: the datasets are read by the steps
   plan::PipelinePlan plan;
   try {
-    plan = app::plan_for(config, hardware, app::launcher_local_rank());
+    plan = app::plan_for(config, hardware);
   } catch (const core::NotFound& e) {
     core::log_message(core::LogLevel::Warn, std::string("memory plan skipped: ") + e.what());
     return;
@@ -65,7 +65,7 @@ void check_plan(const rlhf::PipelineConfig& config) {
 void run_train(const TrainFlags& flags) {
   const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   if (flags.dry_run) {
-    std::cout << app::describe_plan(plan, app::launcher_local_rank()) << std::flush;
+    std::cout << app::describe_plan(plan) << std::flush;
     return;
   }
   if (!flags.skip_plan) check_plan(plan.config);

@@ -7,7 +7,7 @@
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/monitor/guardian.h"
-#include "dschat/rlhf/step_context.h"
+#include "dschat/rlhf/config/step_context.h"
 
 int main(int argc, char** argv) {
   dschat::core::retain_freed_host_memory();  // training loops reuse their large host blocks

@@ -30,6 +30,7 @@
 
 #include "dschat/core/generation_config.h"
 #include "dschat/engine/training_engine.h"
+#include "dschat/hybrid/lora_fuse_backup.h"
 #include "dschat/inference/generate.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/causal_lm.h"
@@ -46,11 +47,9 @@ struct HybridEngineOptions {
   /// logits over its first prompt with the training forward's and throws core::Error on a
   /// mismatch. nullopt: on in debug builds, off in release builds.
   std::optional<bool> logits_self_check;
-  /// Where fusing LoRA for generation keeps the exact unfused weights it restores at train():
-  /// "device" (the weights' own device: no host round trip per switch), "host" (the CPU: frees
-  /// device memory for the KV cache), or "auto" (the device when its free memory holds the
-  /// backups twice over, else the host; always the device for a CPU model).
-  std::string lora_fuse_backup = "auto";
+  /// Where fusing LoRA for generation keeps the exact unfused weights it restores at train()
+  /// (lora_fuse_backup.h: auto, device or host).
+  LoraFuseBackup lora_fuse_backup = LoraFuseBackup::kAuto;
 };
 
 /// What the last generate() cost, beyond the inference engine's own statistics.

@@ -18,7 +18,7 @@ namespace plan {
 
 /// How one model of a step is built and held.
 struct ModelSetup {
-  std::string role;  // "actor", "reference", "critic", "reward", "ema", "model"
+  std::string role;  // its label in the plan's tables: "actor", "reference", "critic", "reward", "ema", "model"
   core::ModelConfig config;
   bool value_head = false;  // reward/critic layout (backbone + v_head) instead of a causal LM
   torch::ScalarType dtype = torch::kFloat16;
@@ -27,7 +27,7 @@ struct ModelSetup {
   /// Trained: ZeRO-Offload (optimizer state on the host; parameters too at stage 3). Frozen at
   /// stage 3: parameters on the host (offload_reference_model / offload_reward_model).
   bool offload = false;
-  int64_t lora_dim = 0;
+  int64_t lora_dim = 0;  // trained models and the actor's EMA copy (frozen, shaped like the actor)
   std::string lora_module_name = "decoder.layers.";
   bool only_optimize_lora = false;
   bool gradient_checkpointing = false;

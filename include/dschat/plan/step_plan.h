@@ -17,7 +17,7 @@
 
 #include "dschat/plan/hardware.h"
 #include "dschat/plan/model_memory.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 
 namespace dschat {
 namespace plan {

@@ -9,8 +9,8 @@
 #include "dschat/data/demo_task.h"
 #include "dschat/inference/generate_text.h"
 #include "dschat/models/load_save.h"
-#include "dschat/rlhf/reward_loss.h"
-#include "dschat/rlhf/step_setup.h"
+#include "dschat/rlhf/math/reward_loss.h"
+#include "dschat/rlhf/setup/step_setup.h"
 
 namespace dschat {
 namespace app {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "dschat/rlhf/pipeline.h"
+#include "dschat/rlhf/trainers/pipeline.h"
 
 namespace dschat {
 namespace app {

@@ -20,7 +20,7 @@ plan::Accelerator accelerator_of_device(const torch::Device& device) {
 
 }  // namespace
 
-plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineConfig& config, int64_t local_rank) {
+plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineConfig& config) {
   DSCHAT_CHECK(flags.gpu_memory >= 0, InvalidArgument, "--gpu-memory must not be negative, got ", flags.gpu_memory);
   DSCHAT_CHECK(flags.gpus >= 0, InvalidArgument, "--gpus must be at least 1, got ", flags.gpus);
   DSCHAT_CHECK(flags.margin >= 0 && flags.margin < 1, InvalidArgument, "--margin must be in [0, 1), got ", flags.margin);
@@ -33,16 +33,16 @@ plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineC
     if (flags.gpu_memory > 0) hw.device.memory_gib = flags.gpu_memory;
     return hw;
   }
-  const torch::Device device = pipeline_device(config, local_rank);
+  const torch::Device device = pipeline_device(config);
   if (device.is_cpu()) return plan::cpu_hardware(ranks * flags.nodes, flags.host_memory);
   plan::Hardware hw = plan::hardware_for("h100-80g", ranks, flags.nodes, flags.host_memory);
   hw.device = accelerator_of_device(device);
   return hw;
 }
 
-plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFlags& flags, int64_t local_rank) {
+plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFlags& flags) {
   plan::PlanOptions options;
-  options.hardware = choose_hardware(flags, config, local_rank);
+  options.hardware = choose_hardware(flags, config);
   options.margin = flags.margin;
   options.dataset_rows = flags.dataset_rows;
   options.count_rows = flags.count_rows;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "dschat/plan/step_plan.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 
 namespace dschat {
 namespace app {
@@ -24,13 +24,13 @@ struct HardwareFlags {
   bool names_gpu() const { return !gpu.empty() || gpu_memory > 0; }
 };
 
-/// The hardware of the flags; with none named, the device `config`'s first step resolves to for
-/// `local_rank` (its memory and product name when it is a GPU; the host when it is the CPU).
+/// The hardware of the flags; with none named, the device `config`'s first step was resolved to
+/// (plan_train; its memory and product name when it is a GPU; the host when it is the CPU).
 /// Throws core::InvalidArgument for an unknown GPU or a negative size, naming the flag.
-plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineConfig& config, int64_t local_rank);
+plan::Hardware choose_hardware(const HardwareFlags& flags, const rlhf::PipelineConfig& config);
 
 /// The plan of `config` on the flags' hardware.
-plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFlags& flags, int64_t local_rank);
+plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFlags& flags);
 
 }  // namespace app
 }  // namespace dschat

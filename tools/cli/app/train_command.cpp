@@ -7,6 +7,7 @@
 #include "dschat/core/logging.h"
 #include "dschat/core/json_file.h"
 #include "dschat/dist/launch_env.h"
+#include "dschat/rlhf/setup/step_setup.h"
 
 namespace dschat {
 namespace app {
@@ -38,25 +39,20 @@ bool is_demo(const TrainArguments& args) {
 // fp16/bf16 on the CPU is slow and, for fp16, without the loss-scaled GPU kernels it is meant
 // for: a dtype that came from a preset (or DS-Chat's fp16 default) runs as fp32 there. A dtype
 // the user's file set for the step is kept.
-void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& user_file, int64_t local_rank) {
-  const std::pair<std::string, CommonStepConfig*> steps[] = {{"step1", &config.step1.common},
-                                                              {"step2", &config.step2.common},
-                                                              {"step3", &config.step3.common},
-                                                              {"step2_dpo", &config.step2_dpo.common},
-                                                              {"step2_grpo", &config.step2_grpo.common}};
-  for (const auto& [name, common] : steps) {
+void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& user_file) {
+  for (const auto& [name, common] : config.blocks()) {
     const bool user_set = user_file.is_object() && user_file.contains(name) && user_file[name].is_object() &&
                           user_file[name].contains("dtype");
-    if (user_set || common->dtype == "fp32") continue;
-    if (!core::resolve_device(common->device, std::string(name) + ": key 'device'", local_rank).is_cpu()) continue;
+    if (user_set || common->dtype == torch::kFloat32) continue;
+    if (!common->resolved_device || !common->resolved_device->is_cpu()) continue;
     // Warned only for the blocks this pipeline runs (the others change silently, unused).
     bool runs = false;
     for (int step : config.steps) runs = runs || &config.common_of(step) == common;
     if (runs) {
-      core::log_message(core::LogLevel::Warn, std::string(name) + ": the preset's dtype " + common->dtype +
+      core::log_message(core::LogLevel::Warn, std::string(name) + ": the preset's dtype " + rlhf::step_dtype_name(common->dtype) +
                                                   " runs as fp32 on the CPU (set \"dtype\" in the step's block to keep it)");
     }
-    common->dtype = "fp32";
+    common->dtype = torch::kFloat32;
   }
 }
 
@@ -137,9 +133,11 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   const nlohmann::json json = plan_json(args, source_dir);
   const std::string where = args.config_file ? *args.config_file : is_demo(args) ? "configs/demo.json" : "preset";
   plan.config = parse_pipeline_config(json, where);
+  // The one place a run resolves its devices: everything below reads resolved_device.
+  rlhf::resolve_step_devices(plan.config, args.local_rank);
   const nlohmann::json user_file = args.config_file ? core::read_json_file(*args.config_file) : nlohmann::json();
   if (!args.keep_preset_dtypes) {
-    run_presets_in_fp32_on_cpu(plan.config, is_demo(args) ? demo_config() : user_file, args.local_rank);
+    run_presets_in_fp32_on_cpu(plan.config, is_demo(args) ? demo_config() : user_file);
   }
   plan.demo = plan.config.demo_report;
   // "reward_model": "step1" starts the reward model from the SFT output (the demo's choice: a
@@ -155,17 +153,17 @@ TrainPlan plan_train(const TrainArguments& args, const fs::path& source_dir) {
   return plan;
 }
 
-std::string describe_plan(const TrainPlan& plan, int64_t local_rank) {
+std::string describe_plan(const TrainPlan& plan) {
   const PipelineConfig& c = plan.config;
   std::string out;
   for (int step : c.steps) {
     const CommonStepConfig& common = c.common_of(step);
     const std::string name = "step" + std::to_string(step);
-    const torch::Device device = core::resolve_device(common.device, name + ": key 'device'", local_rank);
+    const torch::Device device = *common.resolved_device;  // resolved by plan_train
     std::string kind = rlhf::step_kind_name(c.kind_of(step));
     kind.resize(std::max<size_t>(kind.size(), 3), ' ');  // "rm " lines up with "sft"
     out += name + ": " + kind + "  device " + device.str() +
-           "  dtype " + common.dtype + "  model " + c.model_of(step) + "\n";
+           "  dtype " + rlhf::step_dtype_name(common.dtype) + "  model " + c.model_of(step) + "\n";
   }
   return out;
 }
@@ -185,10 +183,12 @@ int64_t launcher_local_rank() {
   return env.source == "single" ? -1 : env.local_rank;
 }
 
-torch::Device pipeline_device(const PipelineConfig& config, int64_t local_rank) {
+torch::Device pipeline_device(const PipelineConfig& config) {
   const int first = config.steps.empty() ? 1 : config.steps.front();
   const CommonStepConfig& common = config.common_of(first);
-  return core::resolve_device(common.device, "step" + std::to_string(first) + ": key 'device'", local_rank);
+  DSCHAT_CHECK(common.resolved_device.has_value(), InvalidArgument, "step", first,
+               ": its device was not resolved (plan_train resolves every step's device)");
+  return *common.resolved_device;
 }
 
 const std::atomic<bool>* install_stop_signal_handler() {

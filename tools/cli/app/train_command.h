@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/dist/process_group.h"
-#include "dschat/rlhf/pipeline_config.h"
+#include "dschat/rlhf/config/pipeline_config.h"
 
 namespace dschat {
 namespace app {
@@ -49,8 +49,8 @@ struct TrainPlan {
 TrainPlan plan_train(const TrainArguments& args, const std::filesystem::path& source_dir);
 
 /// One line per step the plan runs: "step1: sft  device cpu  dtype fp32  model <path>" (the
-/// devices resolved for `local_rank`): what `dschat train --dry-run` prints.
-std::string describe_plan(const TrainPlan& plan, int64_t local_rank);
+/// devices plan_train resolved): what `dschat train --dry-run` prints.
+std::string describe_plan(const TrainPlan& plan);
 
 /// The JSON the plan was parsed from, written to <output_dir>/train_config.json for the record.
 nlohmann::json plan_json(const TrainArguments& args, const std::filesystem::path& source_dir);
@@ -65,8 +65,9 @@ std::shared_ptr<dist::Communicator> communicator_from_environment(
 /// LOCAL_RANK of the launcher that started this process, or -1 when none did.
 int64_t launcher_local_rank();
 
-/// The device of the first step that `config` runs (where a CUDA rank's communicator lives).
-torch::Device pipeline_device(const rlhf::PipelineConfig& config, int64_t local_rank);
+/// The device of the first step that `config` runs (where a CUDA rank's communicator lives), as
+/// plan_train resolved it.
+torch::Device pipeline_device(const rlhf::PipelineConfig& config);
 
 /// Installs a SIGINT/SIGTERM handler that raises the returned flag; a second signal restores
 /// the default action (so a second Ctrl-C kills at once).
