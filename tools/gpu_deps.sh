@@ -8,7 +8,8 @@
 # `--runtime`: only the shared libraries the binaries of tools/gpu_bundle.sh link (11 MB less:
 # no headers, no libicu-dev), for a call that carries build-gpu-bin/ and compiles nothing there;
 # the first H200 call (2026-12-04) needed it to stay under the device tool's 64 MiB. Without a
-# usable bundle the machine builds, and then needs the full list.
+# usable bundle the machine builds, and then needs the full list. tools/gpu_runtime_check.sh
+# checks here that the runtime list holds everything the binaries load.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Each -dev package with the runtime libraries it links (the GPU image is not Debian 12 and has
