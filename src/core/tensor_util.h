@@ -5,12 +5,22 @@
 #include <limits>
 #include <string>
 
+#include "dschat/core/device.h"
+
 namespace dschat {
 namespace core {
 
 /// "[a, b, c]" of a tensor's shape, or "undefined": the shape in an error message.
 inline std::string shape_of(const torch::Tensor& t) {
   return t.defined() ? c10::str(t.sizes()) : std::string("undefined");
+}
+
+/// A host tensor on `device` without the host waiting: a pageable host tensor copied to a GPU
+/// waits for the copy (CUDA's sync-debug mode flags it), a pinned one is queued on the stream.
+inline torch::Tensor host_to_device(const torch::Tensor& host, const torch::Device& device) {
+  if (!device.is_cuda()) return host.to(device);
+  set_current_device(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 /// The dtype's lowest finite value (torch.finfo(dtype).min). Masked attention scores use it

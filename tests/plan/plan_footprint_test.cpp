@@ -35,7 +35,7 @@ TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
   rlhf::ModelTrainingConfig training;
   training.zero_stage = c.stage;
   training.lora_dim = c.lora_dim;
-  models::LoadOptions load = rlhf::step_load_options(common, training, context, torch::kCPU, "test");
+  models::LoadOptions load = rlhf::step_load_options(common, training, context, torch::kCPU);
   auto deferred = rlhf::defer_load_at_stage3(load, c.stage);
   models::CausalLM model = models::load_causal_lm(model_dir, load);
   rlhf::apply_lora(*model, training, common.only_optimize_lora);

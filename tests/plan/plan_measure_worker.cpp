@@ -90,7 +90,7 @@ int run(const Case& c, const std::string& out, int64_t timeout_ms) {
 
   const int64_t baseline = status_bytes("VmRSS");
   const torch::Device device = torch::kCPU;
-  models::LoadOptions load = rlhf::step_load_options(sft.common, sft.model, context, device, "plan worker");
+  models::LoadOptions load = rlhf::step_load_options(sft.common, sft.model, context, device);
   std::shared_ptr<models::DeferredParameters> deferred = rlhf::defer_load_at_stage3(load, c.stage);
   models::CausalLM model = models::load_causal_lm(c.model, load);
   model->backbone().set_gradient_checkpointing(c.checkpointing);

@@ -99,11 +99,8 @@ RewardLossOutput reward_pairwise_loss(const torch::Tensor& input_ids, const torc
   RewardLossOutput out;
   out.loss = loss / pairs;
   auto gather_at = [&](const torch::Tensor& rows, const std::vector<int64_t>& positions) {
-    // Pinned and non-blocking: a pageable copy would make the host wait for the GPU's forward
-    // on every micro-batch (CUDA's sync-debug mode flags it).
-    torch::Tensor host = torch::tensor(positions, torch::kLong);  // [B]
-    if (rows.is_cuda()) host = host.pin_memory();
-    torch::Tensor index = host.to(rows.device(), /*non_blocking=*/true).unsqueeze(1);  // [B, 1]
+    // Queued, not waited for: the host would otherwise wait for the GPU's forward every micro-batch.
+    torch::Tensor index = core::host_to_device(torch::tensor(positions, torch::kLong), rows.device()).unsqueeze(1);  // [B, 1]
     return rows.gather(1, index).squeeze(1);                                                     // [B]
   };
   out.chosen_end_scores = gather_at(chosen_values, chosen_last);

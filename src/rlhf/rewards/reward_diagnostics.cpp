@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/log.h"
-#include "dschat/core/device.h"
+#include "core/tensor_util.h"
 #include "dschat/core/host_sync.h"
 #include "dschat/data/prompt_dataset.h"
 #include "dschat/models/load_save.h"
@@ -79,13 +79,6 @@ int64_t end_of(const Ids& ids, int64_t pad, int64_t npb) {
   return static_cast<int64_t>(ids.size());
 }
 
-torch::Tensor to_device(const torch::Tensor& host, const torch::Device& device) {
-  if (!device.is_cuda()) return host.to(device);
-  // A pageable host tensor copied to a GPU waits for the copy: pinned, it is queued.
-  core::set_current_device(device);
-  return host.pin_memory().to(device, /*non_blocking=*/true);
-}
-
 // End scores of `rows`, right padded into one batch: [R] float32 on the model's device.
 torch::Tensor score_rows(models::ValueHeadModel& model, const std::vector<Ids>& rows, int64_t pad, int64_t npb,
                          const torch::Device& device) {
@@ -110,9 +103,9 @@ torch::Tensor score_rows(models::ValueHeadModel& model, const std::vector<Ids>& 
   }
   torch::Tensor index = torch::tensor(last, torch::kInt64).unsqueeze(1);  // [R, 1]
   // Right padded and only real tokens' values are read: SDPA's causal path is exact.
-  torch::Tensor values = model->forward(to_device(ids, device), to_device(mask, device),
+  torch::Tensor values = model->forward(core::host_to_device(ids, device), core::host_to_device(mask, device),
                                         nn::MaskLayout::kRightPadded);  // [R, T]
-  return values.to(torch::kFloat32).gather(1, to_device(index, device)).squeeze(1);  // [R]
+  return values.to(torch::kFloat32).gather(1, core::host_to_device(index, device)).squeeze(1);  // [R]
 }
 
 // Where pair i's rows landed in the flat list of scored rows (-1: that probe was skipped).

@@ -76,7 +76,8 @@ engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero
       {"gradient_clipping", 1.0},
       {"prescale_gradients", false},
       {"wall_clock_breakdown", false}};
-  step_dtype(step_dtype_name(common.dtype), where);  // rejects anything but fp16, bf16 and fp32
+  DSCHAT_CHECK(common.dtype == torch::kHalf || common.dtype == torch::kBFloat16 || common.dtype == torch::kFloat32,
+               ConfigError, where, ": key 'dtype' must be fp16, bf16 or fp32, got ", c10::toString(common.dtype));
   if (common.dtype == torch::kHalf) ds["fp16"] = {{"enabled", true}, {"loss_scale_window", 100}};
   if (common.dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
   if (hybrid != nullptr) {
@@ -136,8 +137,7 @@ std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<tor
 }
 
 models::LoadOptions step_load_options(const CommonStepConfig& common, const ModelTrainingConfig& model,
-                                      const StepContext& context, const torch::Device& device,
-                                      const std::string& where) {
+                                      const StepContext& context, const torch::Device& device) {
   models::LoadOptions load;
   load.device = device;
   load.dtype = common.dtype;

@@ -121,7 +121,7 @@ void load_dpo_models(DpoModels& models, const DpoConfig& config, const StepConte
   models.config = &config;
   models.pad = pad_token_of(tokenizer);
   models.device = step_device(config.common, context, kDpoStep);
-  models::LoadOptions load = step_load_options(config.common, config.model, context, models.device, kDpoStep);
+  models::LoadOptions load = step_load_options(config.common, config.model, context, models.device);
   const bool zero3 = config.model.zero_stage == 3;
   const ModelPlacement reference_at =
       zero3 ? ModelPlacement{models.device, load.dtype, true, config.offload_reference_model}

@@ -162,7 +162,7 @@ RewardResult run_reward_phases(const RewardConfig& config, const StepContext& co
   const int64_t npb = result.num_padding_at_beginning;
 
   const torch::Device device = step_device(config.common, context, where);
-  models::LoadOptions load = step_load_options(config.common, config.model, context, device, where);
+  models::LoadOptions load = step_load_options(config.common, config.model, context, device);
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::ValueHeadModel model = models::load_value_model(config.model_name_or_path, load,
                                                              /*allow_missing_head=*/true);

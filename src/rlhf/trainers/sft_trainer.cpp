@@ -125,7 +125,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
   const int64_t pad = pad_token_of(open.tokenizer);
   const std::string eot = sft_eot_text(config, open.tokenizer);
   const torch::Device device = step_device(config.common, context, kSftStep);
-  models::LoadOptions load = step_load_options(config.common, config.model, context, device, kSftStep);
+  models::LoadOptions load = step_load_options(config.common, config.model, context, device);
   std::shared_ptr<models::DeferredParameters> deferred = defer_load_at_stage3(load, config.model.zero_stage);
   models::CausalLM model = models::load_causal_lm(config.model_name_or_path, load);
   prepare_trained_model(model, config.model, config.common, open.tokenizer, config.model_name_or_path,

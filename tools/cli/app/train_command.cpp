@@ -56,6 +56,14 @@ void run_presets_in_fp32_on_cpu(PipelineConfig& config, const nlohmann::json& us
   }
 }
 
+// Step `step`'s device as plan_train resolved it (a block the pipeline runs always is).
+torch::Device resolved_device_of(const PipelineConfig& config, int step) {
+  const CommonStepConfig& common = config.common_of(step);
+  DSCHAT_CHECK(common.resolved_device.has_value(), InvalidArgument, "step", step,
+               ": its device was not resolved (plan_train resolves every step's device)");
+  return *common.resolved_device;
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir) {
@@ -159,7 +167,7 @@ std::string describe_plan(const TrainPlan& plan) {
   for (int step : c.steps) {
     const CommonStepConfig& common = c.common_of(step);
     const std::string name = "step" + std::to_string(step);
-    const torch::Device device = *common.resolved_device;  // resolved by plan_train
+    const torch::Device device = resolved_device_of(c, step);
     std::string kind = rlhf::step_kind_name(c.kind_of(step));
     kind.resize(std::max<size_t>(kind.size(), 3), ' ');  // "rm " lines up with "sft"
     out += name + ": " + kind + "  device " + device.str() +
@@ -184,11 +192,7 @@ int64_t launcher_local_rank() {
 }
 
 torch::Device pipeline_device(const PipelineConfig& config) {
-  const int first = config.steps.empty() ? 1 : config.steps.front();
-  const CommonStepConfig& common = config.common_of(first);
-  DSCHAT_CHECK(common.resolved_device.has_value(), InvalidArgument, "step", first,
-               ": its device was not resolved (plan_train resolves every step's device)");
-  return *common.resolved_device;
+  return resolved_device_of(config, config.steps.empty() ? 1 : config.steps.front());
 }
 
 const std::atomic<bool>* install_stop_signal_handler() {

@@ -74,8 +74,7 @@ std::unique_ptr<engine::TrainingEngine> make_training_engine(std::shared_ptr<tor
 /// How steps 1, 2 and DPO load their trained model: onto `device` in the step's dtype, random
 /// weights when the context says so, the configured dropout.
 models::LoadOptions step_load_options(const CommonStepConfig& common, const ModelTrainingConfig& model,
-                                      const StepContext& context, const torch::Device& device,
-                                      const std::string& where);
+                                      const StepContext& context, const torch::Device& device);
 
 /// ZeRO stage 3 loads partitioned (DeepSpeed's zero.Init, which DeepSpeed-Chat enters for every
 /// model of a stage-3 step): sets load.deferred and returns the values to hand to the model's
