@@ -45,9 +45,11 @@ nlohmann::json checkpoint_state(const SupervisedLoopSettings& settings, GuardedR
   return state;
 }
 
-void evaluate(const SupervisedLoopSettings& settings, EvaluationPoint point, int64_t epoch, int64_t step) {
+// `where` names the step ("step 1 (SFT)") in the activity a stalled rank is reported by.
+void evaluate(const SupervisedLoopSettings& settings, const std::string& where, EvaluationPoint point, int64_t epoch,
+              int64_t step) {
   core::HostSync sync("evaluation (perplexity / reward accuracy)");
-  dist::set_activity("evaluation at global step " + std::to_string(step));
+  dist::set_activity(where + ": evaluation at global step " + std::to_string(step));
   if (settings.evaluate) settings.evaluate(EvaluationRequest{point, epoch, step});
 }
 
@@ -225,7 +227,7 @@ void run_epoch(LoopState& loop, monitor::Progress& progress, SupervisedEpoch& da
       losses.read();
     }
     if (snapshot_now) loop.snapshot(epoch, batch_index);
-    if (evaluate_now) evaluate(settings, EvaluationPoint::kInterval, epoch, done.step);
+    if (evaluate_now) evaluate(settings, loop.runner.name(), EvaluationPoint::kInterval, epoch, done.step);
     loop.runner.after_optimizer_step(done.step, [&](engine::AsyncCheckpointWriter* background) {
       losses.read();  // the reports of the steps before a checkpoint (and a Ctrl-C) are never lost
       loop.save(background, epoch, batch_index);
@@ -303,7 +305,7 @@ LoopStart resume_or_start(const SupervisedLoopSettings& settings, StepRunner& ru
                           GuardedRun* guard, SampleLog* samples) {
   if (!runner.prepare_resume()) {
     if (samples) samples->rewind(0, {{"event", "start"}, {"layout", layout_of(engine).to_json()}});
-    evaluate(settings, EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
+    evaluate(settings, runner.name(), EvaluationPoint::kBeforeTraining, 0, engine.global_steps());
     return {};
   }
   ResumePoint at;
@@ -354,7 +356,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
                        data.micro_batches);
         run_epoch(loop, progress, data, epoch, skip);
         skip = 0;
-        evaluate(settings, EvaluationPoint::kEpochEnd, epoch, engine.global_steps());
+        evaluate(settings, runner.name(), EvaluationPoint::kEpochEnd, epoch, engine.global_steps());
         // Only where no accumulation window is open: a window running on into the next epoch has
         // gradients a checkpoint does not hold; the resume then starts from the last periodic one.
         if (engine.micro_steps() % engine.config().gradient_accumulation_steps == 0) {
@@ -384,7 +386,7 @@ void run_supervised_loop(const SupervisedLoopSettings& settings, StepRunner& run
   }
   progress.finish();
   if (start_epoch >= settings.epochs) {  // resumed from the last epoch's end checkpoint
-    evaluate(settings, EvaluationPoint::kResumedAtEnd, settings.epochs, engine.global_steps());
+    evaluate(settings, runner.name(), EvaluationPoint::kResumedAtEnd, settings.epochs, engine.global_steps());
   }
   core::HostSync sync("step end (evaluation, save)");
   // The end-of-training checkpoint is committed before the model is written: a failure there
