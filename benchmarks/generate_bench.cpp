@@ -8,6 +8,11 @@
 // the same prompt rows (torch.randint(3, vocab, (batch, prompt)) seeded with --seed, checked by a
 // checksum). A figure is the median over all timed calls of all rounds; tokens/s = batch x
 // new tokens / latency; the CPU time of each call (all threads of the process) is reported too. Prints a markdown table and whether both generated the same ids.
+// dschat's decode is also set against this machine's memory bandwidth: decode GB/s = the weight
+// bytes read per decode step (every parameter once) x (new tokens - 1) / (latency - prefill),
+// as a fraction of a read-only stream over a buffer 4x the last-level cache at the same thread
+// count (memory_bandwidth_gb_s), the ceiling for a step that reads each weight once from memory;
+// a copy's rate is printed beside it.
 //
 //   dschat_generate_bench [--preset opt-125m] [--batch 4] [--prompt 32] [--new-tokens 32] [--threads 2]
 //       [--rounds 3] [--iters 3] [--warmup 1] [--out F]
@@ -22,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "bench_util.h"
@@ -77,7 +83,7 @@ json dschat_round(models::CausalLM& model, const torch::Tensor& prompts, const O
   config.eos_token_id = model->config().eos_token_id;
   config.pad_token_id = model->config().pad_token_id;
   const torch::Tensor mask = torch::ones_like(prompts);  // [B, T]
-  json seconds = json::array(), cpu_seconds = json::array();
+  json seconds = json::array(), cpu_seconds = json::array(), decode_seconds = json::array();
   torch::Tensor ids;  // [B, T + N]
   for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
     const double cpu_start = process_cpu_seconds();
@@ -87,11 +93,42 @@ json dschat_round(models::CausalLM& model, const torch::Tensor& prompts, const O
     if (i >= o.warmup) {
       seconds.push_back(elapsed);
       cpu_seconds.push_back(process_cpu_seconds() - cpu_start);
+      decode_seconds.push_back(engine.last_stats().latency_s - engine.last_stats().prefill_s);
     }
   }
   std::cout << "  dschat: " << inference::format_generation_stats(engine.last_stats()) << "\n";
   std::vector<int64_t> flat(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
-  return {{"seconds", seconds}, {"cpu_seconds", cpu_seconds}, {"ids", flat}};
+  return {{"seconds", seconds}, {"cpu_seconds", cpu_seconds}, {"decode_seconds", decode_seconds}, {"ids", flat}};
+}
+
+// This machine's memory bandwidth at the bench's thread count, the median of 5 passes each over a
+// buffer 4x the last-level cache (1 GiB at least, so the cache cannot hold it): a read-only
+// stream (the faster of torch::sum and MKL's gemv over the same floats: neither writes) and a
+// copy (bytes copied per second).
+std::pair<double, double> memory_bandwidth_gb_s() {
+  const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * static_cast<int64_t>(std::max(l3, 0L)));
+  const int64_t cols = 1024, floats = bytes / 4 / cols * cols;
+  torch::Tensor source = torch::ones({floats / cols, cols});  // [F / 1024, 1024]
+  torch::Tensor target = torch::empty_like(source);          // [F / 1024, 1024]
+  const torch::Tensor ones = torch::ones({cols});            // [1024]
+  const auto seconds_of = [](const std::function<void()>& pass) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<double> read, copy;
+  for (int pass = 0; pass < 6; ++pass) {
+    double total = 0.0;
+    const double sum_s = seconds_of([&] { total = source.sum().item<double>(); });
+    const double gemv_s = seconds_of([&] { total += torch::mv(source, ones)[0].item<double>(); });
+    const double copy_s = seconds_of([&] { target.copy_(source); });
+    DSCHAT_CHECK(total == static_cast<double>(floats + cols), Error, "the bandwidth probe summed ", total);
+    if (pass == 0) continue;  // first touch of the pages
+    read.push_back(4.0 * static_cast<double>(floats) / std::min(sum_s, gemv_s) / 1e9);
+    copy.push_back(4.0 * static_cast<double>(floats) / copy_s / 1e9);
+  }
+  return {median(read), median(copy)};
 }
 
 int run(const Options& o) {
@@ -116,13 +153,14 @@ int run(const Options& o) {
             << ", prompt " << o.prompt << ", new tokens " << o.new_tokens << ", threads " << o.threads
             << ", prompt checksum " << checksum(prompts) << "\n";
 
-  std::vector<double> ours, theirs, ours_cpu, theirs_cpu;
+  std::vector<double> ours, theirs, ours_cpu, theirs_cpu, ours_decode;
   json dschat_ids, peer_ids;
   for (int64_t round = 0; round < o.rounds; ++round) {
     std::cout << "round " << round + 1 << "/" << o.rounds << "\n";
     json mine = dschat_round(model, prompts, o);
     for (double s : mine["seconds"]) ours.push_back(s);
     for (double s : mine["cpu_seconds"]) ours_cpu.push_back(s);
+    for (double s : mine["decode_seconds"]) ours_decode.push_back(s);
     dschat_ids = mine["ids"];
     const fs::path peer_out = work / "peer.json";
     const std::vector<std::string> argv = {
@@ -153,11 +191,22 @@ int run(const Options& o) {
               tokens / theirs_s, theirs_cpu_s);
   std::printf("\ndschat / transformers tokens/s: %.2f (CPU time: %.2f); identical ids: %lld of %zu\n",
               theirs_s / ours_s, theirs_cpu_s / ours_cpu_s, static_cast<long long>(same), dschat_ids.size());
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const double weight_gb = 4e-9 * static_cast<double>(parameters);  // fp32
+  const double decode_s = median(ours_decode);
+  const double decode_gb_s = o.new_tokens > 1 && decode_s > 0 ? weight_gb * (o.new_tokens - 1) / decode_s : 0.0;
+  const auto [read_gb_s, copy_gb_s] = memory_bandwidth_gb_s();
+  std::printf("dschat decode: %.1f ms per step, %.1f GB/s of weights = %.0f%% of a read stream (%.1f GB/s; a copy: %.1f "
+              "GB/s)\n",
+              o.new_tokens > 1 ? 1e3 * decode_s / (o.new_tokens - 1) : 0.0, decode_gb_s,
+              100.0 * decode_gb_s / read_gb_s, read_gb_s, copy_gb_s);
   if (!o.out.empty()) {
     std::ofstream(o.out) << json{{"dschat_seconds", ours}, {"transformers_seconds", theirs},
                                  {"dschat_cpu_seconds", ours_cpu}, {"transformers_cpu_seconds", theirs_cpu},
                                  {"dschat_tokens_per_s", tokens / ours_s}, {"transformers_tokens_per_s", tokens / theirs_s},
-                                 {"ratio", theirs_s / ours_s}, {"identical_ids", same}}
+                                 {"ratio", theirs_s / ours_s}, {"identical_ids", same},
+                                 {"decode_gb_s", decode_gb_s}, {"read_gb_s", read_gb_s}, {"copy_gb_s", copy_gb_s}}
                                 .dump(1);
   }
   if (o.work_dir.empty()) {  // the checkpoint (~0.5 GB for opt-125m) goes with the temporary dir

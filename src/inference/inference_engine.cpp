@@ -189,9 +189,18 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
 
   // The bookkeeping covers the B * n rows from the start (the prompt's copies are identical);
   // only the prefill's input is the B unrepeated prompts.
+  // The ids and the mask are written in place, one column per step, into buffers of the longest
+  // answer's width (a torch::cat per step copied both whole: quadratic in the answer length);
+  // `sequences` and `mask` are the filled columns [0, T + s), views into them.
   const GenerationResult repeated = repeat_for_return_sequences(prompt_ids, prompt_mask, n);
-  torch::Tensor sequences = repeated.sequences;                     // [B * n, T + s]
-  torch::Tensor mask = repeated.attention_mask.to(torch::kInt64);  // [B * n, T + s]
+  const torch::TensorOptions id_options = torch::dtype(torch::kInt64).device(device);
+  torch::Tensor sequence_buffer = torch::full({batch, prompt + max_new}, pad, id_options);  // [B * n, T + N]
+  torch::Tensor mask_buffer = torch::zeros({batch, prompt + max_new}, id_options);          // [B * n, T + N]
+  sequence_buffer.narrow(1, 0, prompt).copy_(repeated.sequences);
+  mask_buffer.narrow(1, 0, prompt).copy_(repeated.attention_mask);
+  int64_t length = prompt;
+  torch::Tensor sequences = sequence_buffer.narrow(1, 0, length);  // [B * n, T + s]
+  torch::Tensor mask = mask_buffer.narrow(1, 0, length);          // [B * n, T + s]
   torch::Tensor finished = torch::zeros({batch}, torch::dtype(torch::kBool).device(device));  // [B * n]
   const torch::Tensor prefill_mask = prompt_mask.to(torch::kInt64);  // [B, T]
   torch::Tensor step_input = prompt_ids;  // [B, T] (the prefill), then [B * n, 1]
@@ -229,8 +238,11 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
     } else {
       next = torch::full({batch}, pad, torch::dtype(torch::kInt64).device(device));  // idle lockstep step
     }
-    sequences = torch::cat({sequences, next.unsqueeze(1)}, 1);
-    mask = torch::cat({mask, finished.logical_not().to(torch::kInt64).unsqueeze(1)}, 1);
+    sequence_buffer.select(1, length).copy_(next);
+    mask_buffer.select(1, length).copy_(finished.logical_not());
+    ++length;
+    sequences = sequence_buffer.narrow(1, 0, length);
+    mask = mask_buffer.narrow(1, 0, length);
     if (config.eos_token_id) finished = finished.logical_or(next == *config.eos_token_id);
     if (hooks && hooks->end_rows) finished = finished.logical_or(rows_to_end(*hooks, next, step));
     // Host reads (device syncs) only at step 0 (the prefill timer), every `check_every` steps and
@@ -245,10 +257,10 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
     }
     step_input = next.unsqueeze(1);
   }
-  if (own_length >= 0 && own_length < sequences.size(1)) {  // drop the steps after every row finished
-    sequences = sequences.narrow(1, 0, own_length);
-    mask = mask.narrow(1, 0, own_length);
-  }
+  if (own_length >= 0 && own_length < length) length = own_length;  // drop the steps after every row finished
+  // Copies unless every column was filled: the result owns its memory, as before.
+  sequences = sequence_buffer.narrow(1, 0, length).contiguous();  // [B * n, T + s]
+  mask = mask_buffer.narrow(1, 0, length).contiguous();          // [B * n, T + s]
 
   stats.batch = batch;
   stats.prefill_rows = prompts;

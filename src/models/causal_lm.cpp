@@ -1,6 +1,7 @@
 #include "dschat/models/causal_lm.h"
 
 #include "dschat/models/hf_layout.h"
+#include "dschat/ops/skinny_linear.h"
 
 namespace dschat {
 namespace models {
@@ -19,7 +20,9 @@ torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& input_ids, const 
 }
 
 torch::Tensor CausalLMImpl::lm_logits(const torch::Tensor& hidden) {
-  if (lm_head_.is_empty()) return torch::nn::functional::linear(hidden, backbone_->embedding_weight());
+  // Tied to the embedding (OPT): the decode step's largest product, hence ops::linear's skinny
+  // kernel for a few rows on the CPU.
+  if (lm_head_.is_empty()) return ops::linear(hidden, backbone_->embedding_weight(), torch::Tensor());
   return lm_head_(hidden);
 }
 

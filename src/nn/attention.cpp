@@ -8,6 +8,7 @@
 #include "dschat/nn/tensor_parallel.h"
 #include "dschat/ops/decode_attention.h"
 #include "dschat/ops/rotary.h"
+#include "dschat/ops/skinny_linear.h"
 
 #ifdef DSCHAT_WITH_CUDA
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -138,7 +139,7 @@ torch::Tensor linear_deferring_bias(LinearImpl& linear, const torch::Tensor& x, 
     return linear.forward(x);
   }
   *bias = linear.bias;
-  return torch::nn::functional::linear(x, linear.weight);  // [..., out]
+  return ops::linear(x, linear.weight, torch::Tensor());  // [..., out]
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& inputs, int64_t layer,

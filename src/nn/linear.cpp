@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "dschat/core/error.h"
+#include "dschat/ops/skinny_linear.h"
 
 namespace dschat {
 namespace nn {
@@ -48,8 +49,9 @@ void LinearImpl::reset_parameters() {
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   // ATen's linear (what torch.nn.functional.linear calls): a contiguous [B, T, in] input takes
   // one addmm with the bias fused; LibTorch's functional::linear runs matmul, then adds the bias
-  // in a second pass over the output.
-  torch::Tensor y = at::linear(x, weight, bias);  // [..., out]
+  // in a second pass over the output. A decode step's few rows on the CPU take the skinny kernel
+  // (ops/skinny_linear.h), which reads the weight at the memory-bandwidth limit.
+  torch::Tensor y = ops::linear(x, weight, bias);  // [..., out]
   if (!has_lora() || lora_fused()) return y;
   // Same operation order as LinearLayer_LoRA.forward, so results match it to rounding.
   const double p = lora_options_->lora_dropout();

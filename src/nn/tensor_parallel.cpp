@@ -1,6 +1,7 @@
 #include "dschat/nn/tensor_parallel.h"
 
 #include "dschat/core/error.h"
+#include "dschat/ops/skinny_linear.h"
 
 namespace dschat {
 namespace nn {
@@ -11,7 +12,7 @@ torch::Tensor row_parallel_linear(LinearImpl& linear, const torch::Tensor& x, Te
                "tensor parallel: a row-parallel Linear(in=", linear.options.in_features(), ", out=",
                linear.options.out_features(), ") has unfused LoRA adapters; fuse them before sharding");
   // Without the bias: every rank would add it, and the sum would count it tp times.
-  torch::Tensor y = torch::nn::functional::linear(x, linear.weight).contiguous();  // [..., out] partial sum
+  torch::Tensor y = ops::linear(x, linear.weight, torch::Tensor()).contiguous();  // [..., out] partial sum
   group.all_reduce_sum(y);
   if (deferred_bias != nullptr) {
     *deferred_bias = linear.bias;
