@@ -1,0 +1,211 @@
+// RLVR-shaped rollouts on the CPU, side by side in one command: --prompts prompts x --samples
+// answers each (GRPO's n), answer lengths drawn from a skewed distribution (with probability
+// --long-share uniform in (--short-max, --long-max], else uniform in [1, --short-max]; seeded),
+// dschat's InferenceEngine against transformers' generate on the same random checkpoint (a
+// preset's shape, N(0, 0.02), saved as safetensors) and the same prompts.
+//
+// Both engines batch statically today: a call's rows all run until its longest answer ends (rows
+// that ended keep computing). So each call of --prompts-per-call prompts (x --samples rows,
+// one prefill per prompt) generates exactly the longest drawn length of its rows (min_new_tokens
+// = max_new_tokens), sampling (temperature 1, no top-k/top-p); what it costs is what a run forcing
+// EOS at the drawn positions would cost. Reported: wall time over all calls, useful tokens/s (the
+// drawn lengths summed) and computed tokens/s (rows x steps), and dschat's KV workspace per useful
+// token (layers x 2 x rows x H_kv x (prompt + --long-max) x D x 4 bytes, the engine's reservation,
+// over the call's useful tokens; the largest call's). One untimed 2-token call of the first
+// call's prompts warms each side up. The baseline for issue 40's continuous batching, which
+// should make useful ≈ computed.
+//
+//   dschat_rollout_bench [--preset opt-125m] [--prompts 64] [--samples 8] [--prompts-per-call 8]
+//       [--prompt 32] [--short-max 16] [--long-max 256] [--long-share 0.1] [--threads 2] [--seed 1234]
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "bench_util.h"
+#include "dschat/core/error.h"
+#include "dschat/core/host_memory.h"
+#include "dschat/inference/inference_engine.h"
+#include "dschat/models/load_save.h"
+
+namespace {
+
+using namespace dschat;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct Options {
+  std::string preset = "opt-125m", work_dir;
+  int64_t prompts = 64, samples = 8, prompts_per_call = 8, prompt = 32, short_max = 16, long_max = 256;
+  double long_share = 0.1;
+  int64_t threads = 2, seed = 1234;
+  std::string python = DSCHAT_BENCH_PYTHON;
+  std::string peer = DSCHAT_BENCH_PEER;
+};
+
+// The drawn answer length of every row, prompt-major (row p * samples + s).
+std::vector<int64_t> draw_lengths(const Options& o) {
+  std::mt19937_64 engine(static_cast<uint64_t>(o.seed));
+  std::bernoulli_distribution is_long(o.long_share);
+  std::uniform_int_distribution<int64_t> short_length(1, o.short_max), long_length(o.short_max + 1, o.long_max);
+  std::vector<int64_t> lengths(static_cast<size_t>(o.prompts * o.samples));
+  for (auto& length : lengths) length = is_long(engine) ? long_length(engine) : short_length(engine);
+  return lengths;
+}
+
+// The calls: [first prompt, prompt count, steps = the longest drawn length of their rows].
+std::vector<std::array<int64_t, 3>> plan_calls(const Options& o, const std::vector<int64_t>& lengths) {
+  std::vector<std::array<int64_t, 3>> calls;
+  for (int64_t first = 0; first < o.prompts; first += o.prompts_per_call) {
+    const int64_t count = std::min(o.prompts_per_call, o.prompts - first);
+    const auto begin = lengths.begin() + first * o.samples, end = begin + count * o.samples;
+    calls.push_back({first, count, *std::max_element(begin, end)});
+  }
+  return calls;
+}
+
+json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Options& o,
+                const std::vector<std::array<int64_t, 3>>& calls) {
+  inference::InferenceEngineOptions options;
+  options.max_out_tokens = o.prompt + o.long_max;
+  options.log_stats = false;
+  inference::InferenceEngine engine(model, options);
+  core::GenerationConfig config;
+  config.do_sample = true;
+  config.top_k = 0;
+  config.seed = static_cast<uint64_t>(o.seed);
+  config.num_return_sequences = o.samples;
+  config.eos_token_id = model->config().eos_token_id;
+  config.pad_token_id = model->config().pad_token_id;
+  json seconds = json::array();
+  {  // untimed warm-up (the workspace, the thread pool), as the peer does
+    config.max_new_tokens = config.min_new_tokens = 2;
+    const torch::Tensor ids = prompts.narrow(0, 0, calls.front()[1]);  // [P, T]
+    engine.generate(ids, torch::ones_like(ids), config);
+  }
+  for (const auto& [first, count, steps] : calls) {
+    config.max_new_tokens = config.min_new_tokens = steps;
+    const torch::Tensor ids = prompts.narrow(0, first, count);  // [P, T]
+    const auto start = std::chrono::steady_clock::now();
+    const torch::Tensor out = engine.generate(ids, torch::ones_like(ids), config).sequences;  // [P * n, T + steps]
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    DSCHAT_CHECK(out.size(0) == count * o.samples && out.size(1) == o.prompt + steps, Error,
+                 "dschat generated ", out.sizes(), " for ", count, " prompts x ", o.samples, " samples x ", steps);
+  }
+  return seconds;
+}
+
+int run(const Options& o) {
+  DSCHAT_CHECK(o.prompts >= 1 && o.samples >= 1 && o.prompts_per_call >= 1 && o.short_max >= 1 &&
+                   o.long_max > o.short_max && o.long_share >= 0.0 && o.long_share <= 1.0,
+               InvalidArgument, "rollout bench: need prompts, samples, prompts-per-call, short-max >= 1, long-max > "
+               "short-max and long-share in [0, 1]");
+  at::set_num_threads(static_cast<int>(o.threads));
+  fs::path work = o.work_dir;
+  if (work.empty()) {
+    std::string pattern = (fs::temp_directory_path() / "dschat_rollout_bench_XXXXXX").string();
+    DSCHAT_CHECK(::mkdtemp(pattern.data()) != nullptr, IoError, "mkdtemp failed");
+    work = pattern;
+  }
+  const fs::path model_dir = work / "model";
+  {
+    torch::manual_seed(static_cast<uint64_t>(o.seed));
+    models::LoadOptions random;
+    random.random_init = true;
+    auto random_model = models::load_causal_lm(o.preset, random);
+    models::save_causal_lm(random_model, model_dir);
+  }
+  auto model = models::load_causal_lm(model_dir.string());
+  const auto& mc = model->config();
+  torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
+  const torch::Tensor prompts = torch::randint(3, mc.vocab_size, {o.prompts, o.prompt}, generator, torch::kInt64);  // [P, T]
+  const std::vector<int64_t> lengths = draw_lengths(o);
+  const auto calls = plan_calls(o, lengths);
+  int64_t useful = 0, computed = 0, longest_call_rows = 0, short_rows = 0;
+  for (int64_t length : lengths) {
+    useful += length;
+    short_rows += length <= o.short_max ? 1 : 0;
+  }
+  for (const auto& call : calls) {
+    computed += call[1] * o.samples * call[2];
+    longest_call_rows = std::max(longest_call_rows, call[1] * o.samples);
+  }
+  std::cout << "model " << o.preset << " (random, fp32), " << o.prompts << " prompts x " << o.samples << " samples, "
+            << calls.size() << " calls of " << o.prompts_per_call << " prompts, prompt " << o.prompt << ", answers: "
+            << short_rows << " of " << lengths.size() << " <= " << o.short_max << " tokens, the rest up to "
+            << o.long_max << "; " << useful << " useful tokens, " << computed << " computed by a static batch\n";
+
+  const json ours = run_dschat(model, prompts, o, calls);
+  json call_list = json::array();
+  for (const auto& call : calls) call_list.push_back({call[0], call[1], call[2]});
+  const fs::path job = work / "job.json", peer_out = work / "peer.json";
+  std::ofstream(job) << json{{"model_dir", model_dir.string()}, {"prompt", o.prompt}, {"samples", o.samples},
+                             {"threads", o.threads}, {"seed", o.seed}, {"prompts", o.prompts}, {"calls", call_list}};
+  DSCHAT_CHECK(bench::run_process({o.python, o.peer, "--job", job.string(), "--out", peer_out.string()}) == 0, Error,
+               "the transformers peer failed");
+  std::ifstream in(peer_out);
+  const json theirs = json::parse(in).at("seconds");
+
+  double ours_s = 0.0, theirs_s = 0.0;
+  for (double s : ours) ours_s += s;
+  for (double s : theirs) theirs_s += s;
+  const double kv_bytes = 4.0 * static_cast<double>(mc.num_hidden_layers * 2 * longest_call_rows *
+                                                    mc.num_key_value_heads * (o.prompt + o.long_max) * mc.head_dim);
+  const double useful_per_call = static_cast<double>(useful) / static_cast<double>(calls.size());
+  std::printf("\n| engine | wall s | useful tokens/s | computed tokens/s | KV reserved (MiB) | KV bytes per useful token |\n"
+              "|---|---|---|---|---|---|\n");
+  std::printf("| dschat InferenceEngine (static) | %.2f | %.1f | %.1f | %.1f | %.0f |\n", ours_s, useful / ours_s,
+              computed / ours_s, kv_bytes / (1 << 20), kv_bytes / useful_per_call);
+  std::printf("| transformers generate (static) | %.2f | %.1f | %.1f | - | - |\n", theirs_s, useful / theirs_s,
+              computed / theirs_s);
+  std::printf("\nuseful / computed tokens: %.2f; dschat / transformers: %.2f\n",
+              static_cast<double>(useful) / static_cast<double>(computed), theirs_s / ours_s);
+  if (o.work_dir.empty()) {  // file by file: libtorch.so exports a std::filesystem::remove_all that crashes here
+    std::error_code error;
+    for (const fs::path& dir : {model_dir, work}) {
+      std::vector<fs::path> files;
+      for (const auto& entry : fs::directory_iterator(dir, error)) {
+        if (entry.is_regular_file()) files.push_back(entry.path());
+      }
+      for (const auto& file : files) fs::remove(file, error);
+      fs::remove(dir, error);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dschat::core::retain_freed_host_memory();
+  CLI::App app{"dschat RLVR-shaped rollout benchmark against transformers"};
+  Options o;
+  app.add_option("--preset", o.preset, "Model shape (a preset name), random weights")->capture_default_str();
+  app.add_option("--prompts", o.prompts)->capture_default_str();
+  app.add_option("--samples", o.samples, "Answers per prompt")->capture_default_str();
+  app.add_option("--prompts-per-call", o.prompts_per_call, "Prompts per generate call")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "Prompt tokens")->capture_default_str();
+  app.add_option("--short-max", o.short_max)->capture_default_str();
+  app.add_option("--long-max", o.long_max)->capture_default_str();
+  app.add_option("--long-share", o.long_share)->capture_default_str();
+  app.add_option("--threads", o.threads)->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
+  app.add_option("--python", o.python)->capture_default_str();
+  app.add_option("--peer", o.peer)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::cerr << "dschat_rollout_bench: " << e.what() << "\n";
+    return 1;
+  }
+}
