@@ -31,6 +31,7 @@
 #include <iostream>
 
 #include "bench_util.h"
+#include "random_checkpoint.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
@@ -133,20 +134,10 @@ std::pair<double, double> memory_bandwidth_gb_s() {
 
 int run(const Options& o) {
   at::set_num_threads(static_cast<int>(o.threads));
-  fs::path work = o.work_dir;
-  if (work.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "dschat_generate_bench_XXXXXX").string();
-    DSCHAT_CHECK(::mkdtemp(pattern.data()) != nullptr, IoError, "mkdtemp failed");
-    work = pattern;
-  }
-  const fs::path model_dir = work / "model";
-  {
-    torch::manual_seed(static_cast<uint64_t>(o.seed));
-    models::LoadOptions random;
-    random.random_init = true;
-    auto model = models::load_causal_lm(o.preset, random);
-    models::save_causal_lm(model, model_dir);
-  }
+  const bench::RandomCheckpoint checkpoint =
+      bench::save_random_checkpoint(o.preset, o.seed, o.work_dir, "dschat_generate_bench");
+  const fs::path& work = checkpoint.work;
+  const fs::path& model_dir = checkpoint.model_dir;
   auto model = models::load_causal_lm(model_dir.string());
   const torch::Tensor prompts = make_prompts(o, model->config().vocab_size);  // [B, T]
   std::cout << "model " << o.preset << " (random, fp32, " << model_dir.string() << "), batch " << o.batch
@@ -209,12 +200,7 @@ int run(const Options& o) {
                                  {"decode_gb_s", decode_gb_s}, {"read_gb_s", read_gb_s}, {"copy_gb_s", copy_gb_s}}
                                 .dump(1);
   }
-  if (o.work_dir.empty()) {  // the checkpoint (~0.5 GB for opt-125m) goes with the temporary dir
-    std::error_code error;
-    for (const char* name : {"model/model.safetensors", "model/config.json", "peer.json"}) fs::remove(work / name, error);
-    fs::remove(work / "model", error);
-    fs::remove(work, error);
-  }
+  checkpoint.remove();  // the checkpoint (~0.5 GB for opt-125m) goes with the temporary dir
   return 0;
 }
 

@@ -20,7 +20,6 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -31,6 +30,7 @@
 #include <random>
 
 #include "bench_util.h"
+#include "random_checkpoint.h"
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/inference/inference_engine.h"
@@ -109,20 +109,10 @@ int run(const Options& o) {
                InvalidArgument, "rollout bench: need prompts, samples, prompts-per-call, short-max >= 1, long-max > "
                "short-max and long-share in [0, 1]");
   at::set_num_threads(static_cast<int>(o.threads));
-  fs::path work = o.work_dir;
-  if (work.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "dschat_rollout_bench_XXXXXX").string();
-    DSCHAT_CHECK(::mkdtemp(pattern.data()) != nullptr, IoError, "mkdtemp failed");
-    work = pattern;
-  }
-  const fs::path model_dir = work / "model";
-  {
-    torch::manual_seed(static_cast<uint64_t>(o.seed));
-    models::LoadOptions random;
-    random.random_init = true;
-    auto random_model = models::load_causal_lm(o.preset, random);
-    models::save_causal_lm(random_model, model_dir);
-  }
+  const bench::RandomCheckpoint checkpoint =
+      bench::save_random_checkpoint(o.preset, o.seed, o.work_dir, "dschat_rollout_bench");
+  const fs::path& work = checkpoint.work;
+  const fs::path& model_dir = checkpoint.model_dir;
   auto model = models::load_causal_lm(model_dir.string());
   const auto& mc = model->config();
   torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
@@ -168,17 +158,7 @@ int run(const Options& o) {
               computed / theirs_s);
   std::printf("\nuseful / computed tokens: %.2f; dschat / transformers: %.2f\n",
               static_cast<double>(useful) / static_cast<double>(computed), theirs_s / ours_s);
-  if (o.work_dir.empty()) {  // file by file: libtorch.so exports a std::filesystem::remove_all that crashes here
-    std::error_code error;
-    for (const fs::path& dir : {model_dir, work}) {
-      std::vector<fs::path> files;
-      for (const auto& entry : fs::directory_iterator(dir, error)) {
-        if (entry.is_regular_file()) files.push_back(entry.path());
-      }
-      for (const auto& file : files) fs::remove(file, error);
-      fs::remove(dir, error);
-    }
-  }
+  checkpoint.remove();
   return 0;
 }
 

@@ -33,10 +33,10 @@ bool skinny_linear_applies(const torch::Tensor& x, const torch::Tensor& weight, 
   return rows >= 1 && rows <= kSkinnyLinearMaxRows && weight.size(1) > 0;
 }
 
-torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  DSCHAT_CHECK(skinny_linear_applies(x, weight, bias), InvalidArgument, "skinny_linear: x ", x.sizes(), " ",
-               x.scalar_type(), " on ", x.device(), ", weight ", weight.sizes(), ": needs CPU float32, a contiguous "
-               "[N, K] weight, 1..", kSkinnyLinearMaxRows, " rows of K and no autograd");
+namespace {
+
+// The kernel on arguments skinny_linear_applies accepted (checked once per call by the caller).
+torch::Tensor run_skinny_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   const int64_t rows = rows_of(x), k = weight.size(1), n = weight.size(0);
   const torch::Tensor input = x.contiguous();                      // [..., K]
   const torch::Tensor b = bias.defined() ? bias.contiguous() : bias;  // [N] or undefined
@@ -55,8 +55,17 @@ torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& weight,
   return y;
 }
 
+}  // namespace
+
+torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  DSCHAT_CHECK(skinny_linear_applies(x, weight, bias), InvalidArgument, "skinny_linear: x ", x.sizes(), " ",
+               x.scalar_type(), " on ", x.device(), ", weight ", weight.sizes(), ": needs CPU float32, a contiguous "
+               "[N, K] weight, 1..", kSkinnyLinearMaxRows, " rows of K and no autograd");
+  return run_skinny_linear(x, weight, bias);
+}
+
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (skinny_linear_applies(x, weight, bias)) return skinny_linear(x, weight, bias);
+  if (skinny_linear_applies(x, weight, bias)) return run_skinny_linear(x, weight, bias);
   return at::linear(x, weight, bias);  // [..., N]
 }
 
