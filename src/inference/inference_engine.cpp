@@ -180,7 +180,10 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
   const int64_t replays_before = graphs_ ? graphs_->replays() : 0;
   ContiguousKvCache cache(workspace_, prompts);  // B rows for the prefill, B * n after it
   const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
-  at::Generator generator = make_sampling_generator(device, config.seed);
+  // One generator per row (row r of the B * n seeded with row_seed(config.seed, r)): a row's draws
+  // do not depend on the other rows, so a continuous-batching engine can reproduce them.
+  std::vector<at::Generator> generators =
+      config.do_sample ? make_row_generators(device, config.seed, batch) : std::vector<at::Generator>{};
   const nn::MaskLayout prompt_layout = prompt_mask_layout(prompt_mask);
   // Decode steps take the explicit key mask always: for an all-ones mask the decode-attention op
   // gives bitwise the same result as without one, and no step reads the mask on the host.
@@ -217,8 +220,8 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
     } else if (step == 0) {
       logits = decode_step(step_input, prefill_mask, cache, prompt_layout);  // [B, V]
       if (n > 1) {
-        // Each prompt's cache and next-token logits go to its n rows; sampling then draws the
-        // B * n tokens from the generator exactly as from a prefill over repeated prompts.
+        // Each prompt's cache and next-token logits go to its n rows; each row then draws from
+        // its own generator exactly as after a prefill over repeated prompts.
         cache.repeat_rows(n);
         logits = logits.repeat_interleave(n, 0);  // [B * n, V]
       }
@@ -232,7 +235,7 @@ GenerationResult InferenceEngine::run(const torch::Tensor& prompt_ids, const tor
         next = hooks->select_next(logits, sequences, step);
       } else {
         logits = process_logits(logits, sequences, config, step);
-        next = select_next_tokens(logits, config, generator);
+        next = select_next_tokens(logits, config, generators);
       }
       next = torch::where(finished, torch::full_like(next, pad), next);
     } else {

@@ -4,6 +4,8 @@
 
 #include <limits>
 
+#include "dschat/core/error.h"
+
 #ifdef DSCHAT_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
@@ -38,18 +40,48 @@ torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, co
   return logits;
 }
 
+torch::Tensor draw_by_inverse_cdf(const torch::Tensor& probabilities, const torch::Tensor& uniform) {
+  torch::Tensor cdf = probabilities.cumsum(1);                    // [R, V]
+  torch::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1);        // [R, 1]
+  torch::Tensor target = uniform.unsqueeze(1).to(cdf.scalar_type()) * total;  // [R, 1]
+  torch::Tensor picked = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);  // [R, 1]
+  // u * total can round up to total (u within 2^-24 of 1 in float32): the search would then land
+  // past the last token with any probability, on a masked one. The first index whose cdf reaches
+  // the total is that last possible token.
+  torch::Tensor last_possible = torch::searchsorted(cdf, total, /*out_int32=*/false, /*right=*/false);  // [R, 1]
+  return torch::minimum(picked, last_possible).squeeze(1);  // [R]
+}
+
 torch::Tensor select_next_tokens(const torch::Tensor& logits, const core::GenerationConfig& config,
-                                 at::Generator& generator) {
+                                 std::vector<at::Generator>& row_generators) {
   if (!config.do_sample) return logits.argmax(1);  // [B]
-  torch::Tensor probabilities = logits.softmax(1);  // [B, V]
-  if (generator.device() == logits.device()) {
-    // multinomial's argument checks are device-side asserts (torch >= 2.1): no host sync here.
-    return probabilities.multinomial(1, /*replacement=*/false, generator).squeeze(1);  // [B]
+  const int64_t rows = logits.size(0);
+  DSCHAT_CHECK(static_cast<int64_t>(row_generators.size()) == rows, InvalidArgument, "sampling: ",
+               row_generators.size(), " row generators for ", rows, " rows of logits");
+  std::vector<torch::Tensor> uniforms;  // [1] per row, each from its own generator
+  uniforms.reserve(rows);
+  for (auto& generator : row_generators) {
+    uniforms.push_back(
+        torch::rand({1}, generator, torch::dtype(torch::kFloat64).device(generator.device())).to(logits.device()));
   }
-  return probabilities.to(generator.device())
-      .multinomial(1, /*replacement=*/false, generator)
-      .squeeze(1)
-      .to(logits.device());  // [B]
+  return draw_by_inverse_cdf(logits.softmax(1), torch::cat(uniforms));  // [B]
+}
+
+uint64_t row_seed(uint64_t seed, int64_t row) {
+  // SplitMix64 (Steele, Lea, Flood 2014) over seed + golden-ratio steps: nearby seeds and rows
+  // give unrelated streams, and row 0 of seed s is not seed s itself.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(row) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+std::vector<at::Generator> make_row_generators(const torch::Device& device, uint64_t seed, int64_t rows,
+                                               int64_t first_row) {
+  std::vector<at::Generator> generators;
+  generators.reserve(rows);
+  for (int64_t r = 0; r < rows; ++r) generators.push_back(make_sampling_generator(device, row_seed(seed, first_row + r)));
+  return generators;
 }
 
 at::Generator make_sampling_generator(const torch::Device& device, uint64_t seed) {

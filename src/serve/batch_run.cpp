@@ -105,15 +105,10 @@ torch::Tensor BatchRun::select_next(const torch::Tensor& logits, int64_t step) {
                                       torch::dtype(torch::kFloat64).device(generator.device()));  // [L_i]
     uniform.index_copy_(0, torch::tensor(rows, torch::kInt64).to(device), draws.to(device));
   }
-  // Inverse-CDF sampling: the first token whose cumulative probability exceeds u * total. One
-  // uniform per row instead of multinomial's draw per vocabulary entry.
+  // Inverse-CDF sampling: one uniform per row instead of multinomial's draw per vocabulary entry.
   torch::Tensor sampled_rows = torch::tensor(order, torch::kInt64).to(device);  // [S]
-  torch::Tensor cdf = torch::cat(probabilities, 0).cumsum(1);                    // [S, V]
-  torch::Tensor target = uniform.index_select(0, sampled_rows).unsqueeze(1).to(cdf.scalar_type()) *
-                         cdf.narrow(1, cdf.size(1) - 1, 1);                      // [S, 1]
-  torch::Tensor picked = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true)
-                             .squeeze(1)
-                             .clamp_max(cdf.size(1) - 1);  // [S]
+  torch::Tensor picked =
+      inference::draw_by_inverse_cdf(torch::cat(probabilities, 0), uniform.index_select(0, sampled_rows));  // [S]
   next.index_copy_(0, sampled_rows, picked);
   return next;
 }

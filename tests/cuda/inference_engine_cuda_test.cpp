@@ -102,9 +102,9 @@ TEST(SamplingGeneratorCuda, DrawsOnTheLogitsDeviceReproduciblyFromTheSeed) {
   core::GenerationConfig config;
   config.do_sample = true;
   auto draw = [&](uint64_t seed) {
-    at::Generator generator = inference::make_sampling_generator(logits.device(), seed);
-    EXPECT_EQ(generator.device(), logits.device());
-    return inference::select_next_tokens(logits, config, generator);  // [B]
+    std::vector<at::Generator> generators = inference::make_row_generators(logits.device(), seed, logits.size(0));
+    EXPECT_EQ(generators[0].device(), logits.device());
+    return inference::select_next_tokens(logits, config, generators);  // [B]
   };
   torch::Tensor a = draw(5);
   EXPECT_TRUE(a.is_cuda());

@@ -6,7 +6,6 @@
 // sampling is reproducible from its seed and draws on the CPU exactly as a CPU generator does;
 // reading "all rows finished" every k steps (a GPU's default) changes no id.
 // transformers' greedy ids: tests/models/parity_test.cpp.
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "dschat/inference/generate.h"
@@ -269,17 +268,48 @@ TEST_F(InferenceEngineWorkspace, SeededSamplingIsReproducibleAcrossEngines) {
   EXPECT_FALSE(torch::equal(a.sequences, c.sequences));
 }
 
-TEST(SamplingGenerator, OnTheCpuDrawsTheIdsOfACpuGeneratorOnTheCpu) {
+TEST(SamplingGenerator, EachRowDrawsFromItsOwnGeneratorWhateverItsBatch) {
   torch::manual_seed(3);
   torch::Tensor logits = torch::randn({4, 50});  // [B, V]
   core::GenerationConfig config;
   config.do_sample = true;
-  at::Generator generator = inference::make_sampling_generator(torch::kCPU, 11);
-  EXPECT_EQ(generator.device(), torch::Device(torch::kCPU));
-  torch::Tensor got = inference::select_next_tokens(logits, config, generator);  // [B]
-  at::Generator reference = at::make_generator<at::CPUGeneratorImpl>(11);
-  torch::Tensor expected = logits.softmax(1).multinomial(1, /*replacement=*/false, reference).squeeze(1);  // [B]
-  EXPECT_TRUE(torch::equal(got, expected)) << got << "\n" << expected;
+  std::vector<at::Generator> generators = inference::make_row_generators(torch::kCPU, 11, 4);
+  ASSERT_EQ(generators.size(), 4u);
+  EXPECT_EQ(generators[0].device(), torch::Device(torch::kCPU));
+  torch::Tensor together = inference::select_next_tokens(logits, config, generators);  // [B]
+  for (int64_t r = 0; r < 4; ++r) {
+    // Row r alone, from a fresh generator of its seed: the same token.
+    std::vector<at::Generator> own = inference::make_row_generators(torch::kCPU, 11, 1, /*first_row=*/r);
+    torch::Tensor alone = inference::select_next_tokens(logits.narrow(0, r, 1), config, own);  // [1]
+    EXPECT_EQ(alone.item<int64_t>(), together[r].item<int64_t>()) << "row " << r;
+  }
+  // Flat logits over 50 tokens, 400 rows: the rows' draws spread over the vocabulary.
+  std::vector<at::Generator> many = inference::make_row_generators(torch::kCPU, 11, 400);
+  torch::Tensor spread = inference::select_next_tokens(torch::zeros({400, 50}), config, many);  // [400]
+  EXPECT_GE(std::get<0>(at::_unique(spread)).numel(), 45) << spread;
+  EXPECT_NE(inference::row_seed(11, 0), inference::row_seed(11, 1));
+  EXPECT_NE(inference::row_seed(11, 0), inference::row_seed(12, 0));
+  std::vector<at::Generator> too_few = inference::make_row_generators(torch::kCPU, 11, 3);
+  EXPECT_THROW_WITH(inference::select_next_tokens(logits, config, too_few), core::InvalidArgument,
+                    "3 row generators for 4 rows");
+}
+
+TEST(SamplingGenerator, InverseCdfPicksTheFirstTokenPastTheUniformAndMatchesTheDistribution) {
+  torch::Tensor probabilities = torch::tensor({0.2, 0.4, 1.4}, torch::kFloat32).unsqueeze(0).repeat({4, 1});  // [4, 3]
+  torch::Tensor uniform = torch::tensor({0.0, 0.0999, 0.1001, 0.9999}, torch::kFloat64);  // [4], total 2.0
+  torch::Tensor picked = inference::draw_by_inverse_cdf(probabilities, uniform);           // [4]
+  EXPECT_TRUE(torch::equal(picked, torch::tensor({0, 0, 1, 2}, torch::kInt64))) << picked;
+  // A uniform that rounds u * total up to the total still picks the last token with probability,
+  // never the masked ones after it.
+  torch::Tensor masked_tail = torch::tensor({0.5f, 0.5f, 0.0f, 0.0f}).unsqueeze(0);  // [1, 4]
+  EXPECT_EQ(inference::draw_by_inverse_cdf(masked_tail, torch::tensor({1.0}, torch::kFloat64)).item<int64_t>(), 1);
+  // 40,000 draws: each frequency within 0.01 of its probability (5 standard deviations at most).
+  const int64_t draws = 40000;
+  at::Generator generator = inference::make_sampling_generator(torch::kCPU, 5);
+  torch::Tensor many = inference::draw_by_inverse_cdf(probabilities.narrow(0, 0, 1).expand({draws, 3}),
+                                                      torch::rand({draws}, generator, torch::kFloat64));  // [draws]
+  torch::Tensor frequency = torch::bincount(many, {}, 3).to(torch::kFloat64) / draws;  // [3]
+  EXPECT_TRUE(torch::allclose(frequency, torch::tensor({0.1, 0.2, 0.7}, torch::kFloat64), 0.0, 0.01)) << frequency;
 }
 
 TEST_F(InferenceEngineWorkspace, MinNewTokensHoldsBackEos) {

@@ -1,10 +1,12 @@
 #pragma once
 // From the last position's logits to the next token, as Hugging Face's generate does it: the
 // logits processors (repetition penalty, min_new_tokens' EOS suppression), then for sampling the
-// warpers (temperature, top-k, top-p) and one multinomial draw per row.
+// warpers (temperature, top-k, top-p) and one draw per row from that row's own generator.
 
 #include <ATen/core/Generator.h>
 #include <torch/torch.h>
+
+#include <vector>
 
 #include "dschat/core/generation_config.h"
 
@@ -16,12 +18,28 @@ namespace inference {
 torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, const core::GenerationConfig& config,
                              int64_t generated);
 
-/// The next token of every row [B] (on the logits' device): argmax when greedy, else a draw from
-/// softmax(logits) with `generator`. A generator of the logits' device (make_sampling_generator)
-/// draws there, with no copy and no host sync; one of another device (a CPU generator for CUDA
-/// logits) draws on its own device, the probabilities copied there and the ids back.
+/// The next token of every row [B] (on the logits' device): argmax when greedy, else one draw per
+/// row from softmax(logits) with that row's own generator (`row_generators[r]`, one per row):
+/// inverse-CDF sampling with one uniform per row (draw_by_inverse_cdf). A row's token therefore
+/// depends on its logits and its generator only, never on which other rows share the batch: what
+/// continuous batching needs ("a seeded request's output must not depend on what else runs").
+/// A generator of another device than the logits' (a CPU generator for CUDA logits) draws its
+/// uniform there and the uniform is copied over.
 torch::Tensor select_next_tokens(const torch::Tensor& logits, const core::GenerationConfig& config,
-                                 at::Generator& generator);
+                                 std::vector<at::Generator>& row_generators);
+
+/// Inverse-CDF sampling: probabilities [R, V] (rows need not sum to 1), uniform [R] in [0, 1)
+/// float64 -> per row the first token whose cumulative probability exceeds uniform * total [R].
+torch::Tensor draw_by_inverse_cdf(const torch::Tensor& probabilities, const torch::Tensor& uniform);
+
+/// The seed of row `row` of a call seeded with `seed` (SplitMix64 of both): rows of one call draw
+/// independent streams, and a row's stream is the same whichever engine or batch runs it.
+uint64_t row_seed(uint64_t seed, int64_t row);
+
+/// One generator per row for `rows` rows on `device` (make_sampling_generator(device,
+/// row_seed(seed, first_row + r))).
+std::vector<at::Generator> make_row_generators(const torch::Device& device, uint64_t seed, int64_t rows,
+                                               int64_t first_row = 0);
 
 /// The sampling generator of one generate call on `device`, seeded with `seed`: a CPU generator
 /// on the CPU (the same ids as ever), a CUDA generator on a CUDA device (its own Philox stream, not

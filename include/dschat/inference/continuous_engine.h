@@ -1,0 +1,133 @@
+#pragma once
+// Continuous (iteration-level) batching over a paged KV cache: the rollout engine.
+//
+//   ContinuousEngineOptions options;
+//   options.kv_cache_memory = 256 << 20;          // the block pool's bytes
+//   ContinuousEngine engine(model, options);
+//   engine.submit(prompt_ids, config);             // any time, also between steps
+//   while (engine.has_work()) for (auto& done : engine.step()) use(done);
+//   GenerationResult out = engine.generate(ids, mask, config);  // InferenceEngine's contract
+//
+// Every step(): (1) admits waiting sequences in arrival order while the decode batch has room
+// (max_running_sequences), the step's prefill token budget lasts (max_prefill_tokens; the first
+// admission of a step may exceed it) and the pool has blocks for the prompt; each admitted prompt
+// is prefilled once (its own forward, no padding) and its n samples share its blocks by reference
+// (copy-on-write of the last, partly filled one when a sample first writes to it); each sample
+// draws its first token. (2) Decodes one token for every sequence admitted in an earlier step, in
+// one batched forward whose keys/values are read through the block tables (PagedKvCache). A
+// sequence that needs a block when none is free preempts the most recently admitted sequence
+// (vLLM's recompute preemption: its blocks are freed and it waits at the head of the queue to be
+// prefilled again over its prompt and the tokens it had generated, which it keeps). (3) Retires
+// sequences that emitted EOS (after min_new_tokens) or reached max_new_tokens, freeing their blocks
+// at once.
+//
+// Sampling is per sequence: its own config (max/min_new_tokens, EOS, temperature, top-k, top-p,
+// repetition penalty over its own tokens) and its own generator, sample j of a request seeded with
+// row_seed(config.seed, j) unless the caller gives seeds. A sequence's tokens therefore depend on
+// its prompt, config and seed only, not on what else is in the batch, when it arrived or whether
+// it was preempted (up to the float rounding of a differently shaped forward; on the CPU a decode
+// step of up to 8 rows is bitwise batch-invariant, docs/ops.md). generate() submits row r = b * n
+// + j with row_seed(config.seed, r), the seed InferenceEngine gives that row, so both engines
+// return the same ids (tests/inference/continuous_engine_test.cpp).
+//
+// Not yet: chunked prefill of one prompt across steps, prefix caching across requests, a CUDA
+// paged decode-attention kernel (a CUDA device runs the same gather path), tensor-parallel shards,
+// lockstep across ranks, step hooks (dschat serve). Not thread-safe.
+
+#include <torch/torch.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dschat/core/generation_config.h"
+#include "dschat/inference/generate.h"
+#include "dschat/inference/kv_block_pool.h"
+#include "dschat/models/causal_lm.h"
+
+namespace dschat {
+namespace inference {
+
+struct ContinuousEngineOptions {
+  int64_t block_size = 16;            // tokens per KV block
+  int64_t kv_cache_memory = 64 << 20;  // bytes of the block pool (used when num_blocks is 0)
+  int64_t num_blocks = 0;              // > 0: exactly this many blocks (tests force preemption)
+  int64_t max_running_sequences = 8;   // rows of one decode step (<= 8: the CPU's batch-invariant kernel)
+  int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (the first admission may exceed it)
+};
+
+/// One finished sequence.
+struct SequenceOutput {
+  int64_t request = 0;              // submit()'s return value
+  int64_t sample = 0;               // j in [0, n)
+  std::vector<int64_t> prompt;      // its prompt ids
+  std::vector<int64_t> generated;   // its new tokens, EOS included when it ended on one
+  bool ended_on_eos = false;        // else it reached max_new_tokens
+  int64_t preemptions = 0;          // times it was preempted and recomputed
+};
+
+struct ContinuousStats {
+  int64_t steps = 0;             // step() calls that ran a forward
+  int64_t prefill_forwards = 0;  // one per admitted prompt (n samples share it) or recomputation
+  int64_t prefill_tokens = 0;    // tokens those forwards fed
+  int64_t decode_forwards = 0;   // batched decode forwards
+  int64_t decode_rows = 0;       // rows over all decode forwards (the tokens they produced)
+  int64_t generated_tokens = 0;  // new tokens of all sequences (decode rows + first tokens)
+  int64_t preemptions = 0;
+  int64_t peak_blocks_used = 0;  // most pool blocks held at once
+  int64_t copy_on_write = 0;     // blocks copied because a sample wrote into a shared one
+};
+
+class ContinuousEngine {
+ public:
+  ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options = {});
+  ~ContinuousEngine();
+  ContinuousEngine(const ContinuousEngine&) = delete;
+  ContinuousEngine& operator=(const ContinuousEngine&) = delete;
+
+  /// Queues `prompt` (token ids, no padding) for config.num_return_sequences samples; sample j's
+  /// generator is seeded with seeds[j] when given (n of them), else row_seed(config.seed, j).
+  /// Returns the request's id (0, 1, ... in submission order). Throws core::InvalidArgument for an
+  /// empty prompt, n above max_running_sequences, or a prompt + max_new_tokens that the whole pool
+  /// could not hold.
+  int64_t submit(std::vector<int64_t> prompt, const core::GenerationConfig& config,
+                 std::vector<uint64_t> seeds = {});
+  /// One iteration (admit, prefill, decode, retire); returns the sequences that finished in it.
+  std::vector<SequenceOutput> step();
+  /// Sequences waiting or running.
+  bool has_work() const;
+
+  /// InferenceEngine::generate's contract: ids, mask [B, T] left-padded -> [B * n, T + N], prompt
+  /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done.
+  GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                            const core::GenerationConfig& config);
+
+  const KvBlockPool& pool() const { return *pool_; }
+  const ContinuousStats& stats() const { return stats_; }
+  const ContinuousEngineOptions& options() const { return options_; }
+
+ private:
+  struct Sequence;
+  bool admit_next(int64_t& budget);
+  void prefill(std::vector<std::unique_ptr<Sequence>> group);
+  bool reserve_decode_slot(Sequence& sequence);
+  void preempt(Sequence& victim);
+  void decode(std::vector<Sequence*> rows);
+  void sample_into(Sequence& sequence, const torch::Tensor& logits);  // [1, V]
+  std::vector<SequenceOutput> retire_finished();
+  void free_blocks(Sequence& sequence);
+  int64_t blocks_in_use() const { return pool_->num_blocks() - pool_->free_blocks(); }
+
+  models::CausalLM model_{nullptr};
+  ContinuousEngineOptions options_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::deque<std::vector<std::unique_ptr<Sequence>>> waiting_;  // groups: a request's n samples, or one preempted
+  std::vector<std::unique_ptr<Sequence>> running_;              // in admission order
+  int64_t next_request_ = 0;
+  int64_t admissions_ = 0;  // admission counter: the latest admitted is preempted first
+  ContinuousStats stats_;
+};
+
+}  // namespace inference
+}  // namespace dschat

@@ -1,0 +1,305 @@
+#include "dschat/inference/continuous_engine.h"
+
+#include <algorithm>
+#include <map>
+
+#include "dschat/core/error.h"
+#include "dschat/inference/logits_processing.h"
+#include "dschat/inference/paged_kv_cache.h"
+
+namespace dschat {
+namespace inference {
+
+struct ContinuousEngine::Sequence {
+  int64_t request = 0, sample = 0;
+  core::GenerationConfig config;
+  std::vector<int64_t> tokens;  // prompt, then the generated ones; the last one is not cached yet
+  int64_t prompt_length = 0;
+  int64_t cached = 0;           // tokens whose keys/values are in `blocks`
+  std::vector<int64_t> blocks;  // block table
+  std::vector<at::Generator> generator;  // one (do_sample only): select_next_tokens' row generators
+  int64_t admitted_at = -1;     // admission order: the latest admitted is preempted first
+  int64_t preemptions = 0;
+  bool fresh = false;           // drew its token in this step's prefill: no decode this step
+  bool finished = false;
+  bool ended_on_eos = false;
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
+};
+
+namespace {
+
+int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+}  // namespace
+
+ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options)
+    : model_(std::move(model)), options_(options) {
+  DSCHAT_CHECK(!model_.is_empty(), InvalidArgument, "continuous engine: no model given");
+  DSCHAT_CHECK(options_.block_size >= 1 && options_.max_running_sequences >= 1 && options_.max_prefill_tokens >= 1,
+               InvalidArgument, "continuous engine: block_size (", options_.block_size, "), max_running_sequences (",
+               options_.max_running_sequences, ") and max_prefill_tokens (", options_.max_prefill_tokens,
+               ") must be positive");
+  DSCHAT_CHECK(model_->backbone().tensor_parallel_group() == nullptr, Unsupported,
+               "continuous engine: tensor-parallel shards are not supported yet; use InferenceEngine");
+  const torch::Tensor first = model_->parameters().front();  // a copy: parameters() is a temporary
+  const core::ModelConfig& config = model_->config();
+  const int64_t blocks = options_.num_blocks > 0
+                             ? options_.num_blocks
+                             : KvBlockPool::blocks_for_memory(config, options_.block_size, first.scalar_type(),
+                                                              options_.kv_cache_memory);
+  pool_ = std::make_unique<KvBlockPool>(config, blocks, options_.block_size, first.scalar_type(), first.device());
+}
+
+ContinuousEngine::~ContinuousEngine() = default;
+
+bool ContinuousEngine::has_work() const { return !waiting_.empty() || !running_.empty(); }
+
+int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::GenerationConfig& config,
+                                 std::vector<uint64_t> seeds) {
+  core::validate_generation_config(config, "generation config");
+  const int64_t n = config.num_return_sequences;
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  DSCHAT_CHECK(prompt_length > 0, InvalidArgument, "continuous engine: empty prompt");
+  DSCHAT_CHECK(n <= options_.max_running_sequences, InvalidArgument, "continuous engine: num_return_sequences (", n,
+               ") exceeds max_running_sequences (", options_.max_running_sequences, ")");
+  DSCHAT_CHECK(seeds.empty() || static_cast<int64_t>(seeds.size()) == n, InvalidArgument, "continuous engine: ",
+               seeds.size(), " seeds for ", n, " samples");
+  // The last token is sampled, never cached: a sequence holds at most prompt + max_new - 1 tokens.
+  const int64_t most_blocks = blocks_for(prompt_length + config.max_new_tokens - 1, options_.block_size);
+  DSCHAT_CHECK(most_blocks <= pool_->num_blocks(), InvalidArgument, "continuous engine: prompt (", prompt_length,
+               " tokens) + max_new_tokens (", config.max_new_tokens, ") needs ", most_blocks, " blocks of ",
+               options_.block_size, " tokens, the pool holds ", pool_->num_blocks(),
+               " (raise kv_cache_memory or num_blocks)");
+  const torch::Device device = pool_->storage().device();
+  const int64_t request = next_request_++;
+  std::vector<std::unique_ptr<Sequence>> group;
+  for (int64_t j = 0; j < n; ++j) {
+    auto sequence = std::make_unique<Sequence>();
+    sequence->request = request;
+    sequence->sample = j;
+    sequence->config = config;
+    sequence->config.num_return_sequences = 1;
+    sequence->tokens = prompt;
+    sequence->prompt_length = prompt_length;
+    if (config.do_sample) {
+      sequence->generator.push_back(
+          make_sampling_generator(device, seeds.empty() ? row_seed(config.seed, j) : seeds[j]));
+    }
+    group.push_back(std::move(sequence));
+  }
+  waiting_.push_back(std::move(group));
+  return request;
+}
+
+std::vector<SequenceOutput> ContinuousEngine::step() {
+  if (!has_work()) return {};
+  torch::NoGradGuard no_grad;
+  for (auto& sequence : running_) sequence->fresh = false;
+  int64_t budget = options_.max_prefill_tokens;
+  while (!waiting_.empty() && admit_next(budget)) {
+  }
+  std::vector<Sequence*> rows;  // admitted in an earlier step, in admission order
+  for (auto& sequence : running_) {
+    if (!sequence->fresh && !sequence->finished) rows.push_back(sequence.get());
+  }
+  if (!rows.empty()) decode(std::move(rows));
+  ++stats_.steps;
+  return retire_finished();
+}
+
+bool ContinuousEngine::admit_next(int64_t& budget) {
+  std::vector<std::unique_ptr<Sequence>>& group = waiting_.front();
+  const int64_t rows = static_cast<int64_t>(group.size());
+  const int64_t tokens = static_cast<int64_t>(group.front()->tokens.size());
+  const bool first_of_step = budget == options_.max_prefill_tokens;
+  if (static_cast<int64_t>(running_.size()) + rows > options_.max_running_sequences) return false;
+  if (tokens > budget && !first_of_step) return false;
+  // Room for the prompt, and for each sample's next block unless nothing else runs (then the
+  // group alone fits, submit() checked; a sample short of a block preempts a sibling).
+  const int64_t needed = blocks_for(tokens, options_.block_size) + (running_.empty() ? 0 : rows);
+  if (pool_->free_blocks() < needed) return false;
+  budget -= std::min(tokens, budget);
+  std::vector<std::unique_ptr<Sequence>> admitted = std::move(group);
+  waiting_.pop_front();
+  prefill(std::move(admitted));
+  return true;
+}
+
+void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
+  Sequence& first = *group.front();
+  const int64_t tokens = static_cast<int64_t>(first.tokens.size());
+  for (int64_t b = 0; b < blocks_for(tokens, options_.block_size); ++b) first.blocks.push_back(*pool_->allocate());
+  PagedKvCache cache(*pool_, {PagedKvCache::Row{&first.blocks, 0}}, tokens);
+  const torch::Device device = pool_->storage().device();
+  torch::Tensor ids = torch::tensor(first.tokens, torch::kInt64).to(device).unsqueeze(0);  // [1, T]
+  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kUnpadded);
+  torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [1, V]
+  ++stats_.prefill_forwards;
+  stats_.prefill_tokens += tokens;
+  for (auto& sequence : group) {
+    if (sequence.get() != &first) {  // the samples share the prompt's blocks by reference
+      sequence->blocks = first.blocks;
+      for (int64_t block : sequence->blocks) pool_->retain(block);
+    }
+    sequence->cached = tokens;
+    sequence->admitted_at = admissions_++;
+    sequence->fresh = true;
+    // Each sample processes its own copy: process_logits writes into the logits it is given.
+    sample_into(*sequence, group.size() > 1 ? logits.clone() : logits);
+    running_.push_back(std::move(sequence));
+  }
+  stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, blocks_in_use());
+}
+
+bool ContinuousEngine::reserve_decode_slot(Sequence& sequence) {
+  const int64_t index = sequence.cached / options_.block_size;  // the block the next token goes to
+  const bool new_block = index == static_cast<int64_t>(sequence.blocks.size());
+  if (!new_block && pool_->reference_count(sequence.blocks[index]) == 1) return true;
+  while (true) {
+    if (auto block = pool_->allocate()) {
+      if (new_block) {
+        sequence.blocks.push_back(*block);
+      } else {  // copy-on-write: this sample's own copy of a block it shares
+        pool_->copy_block(sequence.blocks[index], *block);
+        pool_->release(sequence.blocks[index]);
+        sequence.blocks[index] = *block;
+        ++stats_.copy_on_write;
+      }
+      stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, blocks_in_use());
+      return true;
+    }
+    // The pool is full: recompute preemption of the latest admitted sequence (maybe this one).
+    auto latest = std::max_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+      return a->admitted_at < b->admitted_at;
+    });
+    Sequence& victim = **latest;
+    const bool self = &victim == &sequence;
+    preempt(victim);
+    if (self) return false;
+  }
+}
+
+void ContinuousEngine::preempt(Sequence& victim) {
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == &victim; });
+  free_blocks(victim);
+  victim.cached = 0;
+  victim.fresh = false;
+  ++victim.preemptions;
+  ++stats_.preemptions;
+  std::vector<std::unique_ptr<Sequence>> alone;
+  alone.push_back(std::move(*it));
+  running_.erase(it);
+  waiting_.push_front(std::move(alone));  // victims are taken latest first: the earliest ends up first
+}
+
+void ContinuousEngine::decode(std::vector<Sequence*> rows) {
+  std::vector<Sequence*> ready;
+  for (Sequence* sequence : rows) {
+    // A preemption may have taken a row listed earlier: only rows still running decode.
+    const bool running = std::any_of(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == sequence; });
+    if (running && reserve_decode_slot(*sequence)) ready.push_back(sequence);
+  }
+  ready.erase(std::remove_if(ready.begin(), ready.end(),
+                             [&](Sequence* s) {
+                               return std::none_of(running_.begin(), running_.end(),
+                                                   [&](const auto& r) { return r.get() == s; });
+                             }),
+              ready.end());
+  if (ready.empty()) return;
+  const int64_t batch = static_cast<int64_t>(ready.size());
+  std::vector<PagedKvCache::Row> table;
+  std::vector<int64_t> last;  // [B] each row's uncached token
+  for (Sequence* sequence : ready) {
+    table.push_back({&sequence->blocks, sequence->cached});
+    last.push_back(sequence->tokens.back());
+  }
+  PagedKvCache cache(*pool_, table, 1);
+  torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
+  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);
+  torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]
+  ++stats_.decode_forwards;
+  stats_.decode_rows += batch;
+  for (int64_t r = 0; r < batch; ++r) {
+    ready[r]->cached += 1;
+    sample_into(*ready[r], logits.narrow(0, r, 1));
+  }
+}
+
+void ContinuousEngine::sample_into(Sequence& sequence, const torch::Tensor& logits) {
+  const core::GenerationConfig& config = sequence.config;
+  torch::Tensor seen = torch::tensor(sequence.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);  // [1, S]
+  torch::Tensor processed = process_logits(logits, seen, config, sequence.generated());          // [1, V]
+  const int64_t next = select_next_tokens(processed, config, sequence.generator).item<int64_t>();
+  sequence.tokens.push_back(next);
+  ++stats_.generated_tokens;
+  sequence.ended_on_eos = config.eos_token_id && next == *config.eos_token_id;
+  sequence.finished = sequence.ended_on_eos || sequence.generated() >= config.max_new_tokens;
+}
+
+void ContinuousEngine::free_blocks(Sequence& sequence) {
+  for (int64_t block : sequence.blocks) pool_->release(block);
+  sequence.blocks.clear();
+}
+
+std::vector<SequenceOutput> ContinuousEngine::retire_finished() {
+  std::vector<SequenceOutput> done;
+  for (auto& sequence : running_) {
+    if (!sequence->finished) continue;
+    free_blocks(*sequence);
+    done.push_back(SequenceOutput{sequence->request, sequence->sample,
+                                  std::vector<int64_t>(sequence->tokens.begin(),
+                                                       sequence->tokens.begin() + sequence->prompt_length),
+                                  std::vector<int64_t>(sequence->tokens.begin() + sequence->prompt_length,
+                                                       sequence->tokens.end()),
+                                  sequence->ended_on_eos, sequence->preemptions});
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s->finished; }),
+                 running_.end());
+  return done;
+}
+
+GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                            const core::GenerationConfig& config) {
+  DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: generate() needs an idle engine (",
+               waiting_.size(), " waiting, ", running_.size(), " running)");
+  DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
+                   input_ids.size(1) > 0,
+               InvalidArgument, "generate: input_ids ", input_ids.sizes(), " and attention_mask ",
+               attention_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
+  const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
+  torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();        // [B, T]
+  torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();  // [B, T]
+  for (int64_t b = 0; b < prompts; ++b) {
+    std::vector<int64_t> prompt;  // the row's real tokens
+    for (int64_t t = 0; t < width; ++t) {
+      if (mask[b][t].item<int64_t>() != 0) prompt.push_back(ids[b][t].item<int64_t>());
+    }
+    std::vector<uint64_t> seeds;
+    for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
+    submit(std::move(prompt), config, std::move(seeds));
+  }
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
+  int64_t longest = 0;
+  while (has_work()) {
+    for (SequenceOutput& done : step()) {
+      longest = std::max(longest, static_cast<int64_t>(done.generated.size()));
+      answers[{done.request - (next_request_ - prompts), done.sample}] = std::move(done.generated);
+    }
+  }
+  const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
+  const GenerationResult repeated = repeat_for_return_sequences(ids, mask, n);
+  torch::Tensor sequences = torch::full({prompts * n, width + longest}, pad, torch::kInt64);  // [B * n, T + N]
+  torch::Tensor out_mask = torch::zeros({prompts * n, width + longest}, torch::kInt64);        // [B * n, T + N]
+  sequences.narrow(1, 0, width).copy_(repeated.sequences);
+  out_mask.narrow(1, 0, width).copy_(repeated.attention_mask);
+  for (const auto& [key, tokens] : answers) {
+    const int64_t row = key.first * n + key.second, length = static_cast<int64_t>(tokens.size());
+    sequences[row].narrow(0, width, length).copy_(torch::tensor(tokens, torch::kInt64));
+    out_mask[row].narrow(0, width, length).fill_(1);
+  }
+  const torch::Device device = input_ids.device();
+  return {sequences.to(device), out_mask.to(device)};
+}
+
+}  // namespace inference
+}  // namespace dschat

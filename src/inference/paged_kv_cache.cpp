@@ -1,0 +1,62 @@
+#include "dschat/inference/paged_kv_cache.h"
+
+#include "dschat/core/error.h"
+
+namespace dschat {
+namespace inference {
+
+PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int64_t new_tokens)
+    : pool_(&pool), batch_(static_cast<int64_t>(rows.size())), width_(0), new_tokens_(new_tokens) {
+  DSCHAT_CHECK(batch_ >= 1 && new_tokens >= 1, InvalidArgument, "paged kv cache: needs rows (got ", batch_,
+               ") and new tokens (got ", new_tokens, ")");
+  const int64_t block_size = pool.block_size();
+  for (const Row& row : rows) {
+    DSCHAT_CHECK(row.cached >= 0 && row.blocks != nullptr &&
+                     static_cast<int64_t>(row.blocks->size()) * block_size >= row.cached + new_tokens,
+                 InvalidArgument, "paged kv cache: a row of ", row.cached, " cached + ", new_tokens, " new tokens has ",
+                 row.blocks ? row.blocks->size() : 0, " blocks of ", block_size, " tokens");
+    width_ = std::max(width_, row.cached);
+  }
+  const int64_t frame = width_ + new_tokens;
+  std::vector<int64_t> writes, reads, mask;  // host copies of write_slots_, read_slots_, mask_
+  writes.reserve(batch_ * new_tokens);
+  reads.reserve(batch_ * frame);
+  mask.reserve(batch_ * frame);
+  for (const Row& row : rows) {
+    const std::vector<int64_t>& table = *row.blocks;
+    auto slot = [&](int64_t token) { return table[token / block_size] * block_size + token % block_size; };
+    const int64_t padding = width_ - row.cached;
+    for (int64_t column = 0; column < frame; ++column) {
+      const bool real = column >= padding;
+      reads.push_back(slot(real ? column - padding : 0));  // a padding column reads the row's first slot
+      mask.push_back(real ? 1 : 0);
+    }
+    for (int64_t t = 0; t < new_tokens; ++t) writes.push_back(slot(row.cached + t));
+  }
+  const torch::Device device = pool.storage().device();
+  auto to_tensor = [&](std::vector<int64_t>& host) {
+    return torch::from_blob(host.data(), {static_cast<int64_t>(host.size())}, torch::kInt64).to(device, /*non_blocking=*/false, /*copy=*/true);
+  };
+  write_slots_ = to_tensor(writes);                  // [B * T]
+  read_slots_ = to_tensor(reads);                    // [B * (W + T)]
+  mask_ = to_tensor(mask).view({batch_, frame});     // [B, W + T]
+}
+
+std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, const torch::Tensor& k,
+                                                             const torch::Tensor& v) {
+  DSCHAT_CHECK(k.dim() == 4 && k.size(0) == batch_ && k.size(2) == new_tokens_ && k.sizes() == v.sizes(),
+               InvalidArgument, "paged kv cache: expected k and v of [", batch_, ", H_kv, ", new_tokens_,
+               ", D], got ", k.sizes(), " and ", v.sizes());
+  const int64_t heads = k.size(1), dim = k.size(3), frame = width_ + new_tokens_;
+  auto store_and_gather = [&](torch::Tensor slots_of_pool, const torch::Tensor& fresh) {
+    // [B, H_kv, T, D] -> token rows [B * T, H_kv * D] (the pool's token-major layout)
+    slots_of_pool.index_copy_(0, write_slots_, fresh.transpose(1, 2).reshape({batch_ * new_tokens_, heads * dim}));
+    return slots_of_pool.index_select(0, read_slots_)
+        .view({batch_, frame, heads, dim})
+        .transpose(1, 2);  // [B, H_kv, W + T, D], unit stride along D
+  };
+  return {store_and_gather(pool_->keys(layer), k), store_and_gather(pool_->values(layer), v)};
+}
+
+}  // namespace inference
+}  // namespace dschat
