@@ -33,6 +33,7 @@
 #include "random_checkpoint.h"
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/load_save.h"
 
@@ -47,6 +48,7 @@ struct Options {
   int64_t prompts = 64, samples = 8, prompts_per_call = 8, prompt = 32, short_max = 16, long_max = 256;
   double long_share = 0.1;
   int64_t threads = 2, seed = 1234;
+  int64_t kv_memory_mib = 256, max_running = 8, block_size = 16;  // the continuous engine's
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
 };
@@ -103,6 +105,60 @@ json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Opt
   return seconds;
 }
 
+// The continuous engine on the same prompts and lengths: every prompt submitted at once with its
+// n samples (one prefill each, blocks shared), each sample stopped at its drawn length
+// (min_new_tokens = its max_new_tokens: no EOS before it), rows admitted and retired per step.
+json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const Options& o,
+                    const std::vector<int64_t>& lengths) {
+  inference::ContinuousEngineOptions options;
+  options.block_size = o.block_size;
+  options.kv_cache_memory = o.kv_memory_mib << 20;
+  options.max_running_sequences = o.max_running;
+  inference::ContinuousEngine engine(model, options);
+  core::GenerationConfig config;
+  config.do_sample = true;
+  config.top_k = 0;
+  config.seed = static_cast<uint64_t>(o.seed);
+  config.num_return_sequences = o.samples;
+  config.eos_token_id = model->config().eos_token_id;
+  config.pad_token_id = model->config().pad_token_id;
+  auto prompt_of = [&](int64_t p) {
+    const torch::Tensor row = prompts[p].contiguous();  // [T]
+    return std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  };
+  {  // untimed warm-up, as the other engines get
+    core::GenerationConfig warm = config;
+    warm.max_new_tokens = warm.min_new_tokens = 2;
+    engine.submit(prompt_of(0), warm);
+    while (engine.has_work()) engine.step();
+  }
+  const inference::ContinuousStats before = engine.stats();
+  config.max_new_tokens = config.min_new_tokens = o.long_max;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t p = 0; p < o.prompts; ++p) {
+    inference::SampleOptions samples;
+    samples.max_new_tokens.assign(lengths.begin() + p * o.samples, lengths.begin() + (p + 1) * o.samples);
+    engine.submit(prompt_of(p), config, samples);
+  }
+  int64_t generated = 0;
+  while (engine.has_work()) {
+    for (const auto& done : engine.step()) generated += static_cast<int64_t>(done.generated.size());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const inference::ContinuousStats& s = engine.stats();
+  const int64_t block_bytes = inference::KvBlockPool::bytes_per_block(model->config(), o.block_size, torch::kFloat32);
+  return {{"seconds", seconds},
+          {"generated", generated},
+          {"steps", s.steps - before.steps},
+          {"decode_rows", s.decode_rows - before.decode_rows},
+          {"prefill_forwards", s.prefill_forwards - before.prefill_forwards},
+          {"preemptions", s.preemptions - before.preemptions},
+          {"copy_on_write", s.copy_on_write - before.copy_on_write},
+          {"pool_bytes", engine.pool().bytes()},
+          {"peak_bytes", s.peak_blocks_used * block_bytes},
+          {"bytes_per_token", block_bytes / o.block_size}};
+}
+
 int run(const Options& o) {
   DSCHAT_CHECK(o.prompts >= 1 && o.samples >= 1 && o.prompts_per_call >= 1 && o.short_max >= 1 &&
                    o.long_max > o.short_max && o.long_share >= 0.0 && o.long_share <= 1.0,
@@ -133,6 +189,9 @@ int run(const Options& o) {
             << short_rows << " of " << lengths.size() << " <= " << o.short_max << " tokens, the rest up to "
             << o.long_max << "; " << useful << " useful tokens, " << computed << " computed by a static batch\n";
 
+  const json continuous = run_continuous(model, prompts, o, lengths);
+  DSCHAT_CHECK(continuous.at("generated").get<int64_t>() == useful, Error, "the continuous engine generated ",
+               continuous.at("generated").get<int64_t>(), " tokens, the drawn lengths sum to ", useful);
   const json ours = run_dschat(model, prompts, o, calls);
   json call_list = json::array();
   for (const auto& call : calls) call_list.push_back({call[0], call[1], call[2]});
@@ -154,10 +213,24 @@ int run(const Options& o) {
               "|---|---|---|---|---|---|\n");
   std::printf("| dschat InferenceEngine (static) | %.2f | %.1f | %.1f | %.1f | %.0f |\n", ours_s, useful / ours_s,
               computed / ours_s, kv_bytes / (1 << 20), kv_bytes / useful_per_call);
+  const double continuous_s = continuous.at("seconds").get<double>();
+  std::printf("| dschat ContinuousEngine (paged, continuous) | %.2f | %.1f | %.1f | %.1f pool, %.1f peak | %lld |\n",
+              continuous_s, useful / continuous_s, useful / continuous_s,
+              continuous.at("pool_bytes").get<double>() / (1 << 20), continuous.at("peak_bytes").get<double>() / (1 << 20),
+              static_cast<long long>(continuous.at("bytes_per_token").get<int64_t>()));
   std::printf("| transformers generate (static) | %.2f | %.1f | %.1f | - | - |\n", theirs_s, useful / theirs_s,
               computed / theirs_s);
-  std::printf("\nuseful / computed tokens: %.2f; dschat / transformers: %.2f\n",
-              static_cast<double>(useful) / static_cast<double>(computed), theirs_s / ours_s);
+  std::printf("\nuseful / computed tokens (static): %.2f; dschat static / transformers: %.2f; continuous / static: "
+              "%.2f; continuous / transformers: %.2f\n",
+              static_cast<double>(useful) / static_cast<double>(computed), theirs_s / ours_s, ours_s / continuous_s,
+              theirs_s / continuous_s);
+  std::printf("continuous: %lld steps, %lld decode rows, %lld prefills (one per prompt: %lld), %lld preemptions, "
+              "%lld copy-on-write blocks\n",
+              static_cast<long long>(continuous.at("steps").get<int64_t>()),
+              static_cast<long long>(continuous.at("decode_rows").get<int64_t>()),
+              static_cast<long long>(continuous.at("prefill_forwards").get<int64_t>()), static_cast<long long>(o.prompts),
+              static_cast<long long>(continuous.at("preemptions").get<int64_t>()),
+              static_cast<long long>(continuous.at("copy_on_write").get<int64_t>()));
   checkpoint.remove();
   return 0;
 }
@@ -177,6 +250,9 @@ int main(int argc, char** argv) {
   app.add_option("--long-max", o.long_max)->capture_default_str();
   app.add_option("--long-share", o.long_share)->capture_default_str();
   app.add_option("--threads", o.threads)->capture_default_str();
+  app.add_option("--kv-memory-mib", o.kv_memory_mib, "The continuous engine's KV block pool")->capture_default_str();
+  app.add_option("--max-running", o.max_running, "The continuous engine's rows per decode step")->capture_default_str();
+  app.add_option("--block-size", o.block_size, "The continuous engine's tokens per KV block")->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
   app.add_option("--python", o.python)->capture_default_str();

@@ -55,15 +55,24 @@ ContinuousEngine::~ContinuousEngine() = default;
 bool ContinuousEngine::has_work() const { return !waiting_.empty() || !running_.empty(); }
 
 int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::GenerationConfig& config,
-                                 std::vector<uint64_t> seeds) {
+                                 const SampleOptions& samples) {
   core::validate_generation_config(config, "generation config");
   const int64_t n = config.num_return_sequences;
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   DSCHAT_CHECK(prompt_length > 0, InvalidArgument, "continuous engine: empty prompt");
   DSCHAT_CHECK(n <= options_.max_running_sequences, InvalidArgument, "continuous engine: num_return_sequences (", n,
                ") exceeds max_running_sequences (", options_.max_running_sequences, ")");
+  const std::vector<uint64_t>& seeds = samples.seeds;
+  const std::vector<int64_t>& lengths = samples.max_new_tokens;
   DSCHAT_CHECK(seeds.empty() || static_cast<int64_t>(seeds.size()) == n, InvalidArgument, "continuous engine: ",
                seeds.size(), " seeds for ", n, " samples");
+  DSCHAT_CHECK(lengths.empty() || static_cast<int64_t>(lengths.size()) == n, InvalidArgument,
+               "continuous engine: ", lengths.size(), " max_new_tokens for ", n, " samples");
+  for (int64_t length : lengths) {
+    DSCHAT_CHECK(length >= 1 && length <= config.max_new_tokens, InvalidArgument,
+                 "continuous engine: a sample's max_new_tokens (", length, ") must be in [1, ", config.max_new_tokens,
+                 "] (the config's)");
+  }
   // The last token is sampled, never cached: a sequence holds at most prompt + max_new - 1 tokens.
   const int64_t most_blocks = blocks_for(prompt_length + config.max_new_tokens - 1, options_.block_size);
   DSCHAT_CHECK(most_blocks <= pool_->num_blocks(), InvalidArgument, "continuous engine: prompt (", prompt_length,
@@ -79,6 +88,10 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
     sequence->sample = j;
     sequence->config = config;
     sequence->config.num_return_sequences = 1;
+    if (!lengths.empty()) {
+      sequence->config.max_new_tokens = lengths[j];
+      sequence->config.min_new_tokens = std::min(config.min_new_tokens, lengths[j]);
+    }
     sequence->tokens = prompt;
     sequence->prompt_length = prompt_length;
     if (config.do_sample) {
@@ -91,7 +104,35 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
   return request;
 }
 
+int64_t ContinuousEngine::waiting_sequences() const {
+  int64_t sequences = 0;
+  for (const auto& group : waiting_) sequences += static_cast<int64_t>(group.size());
+  return sequences;
+}
+
+void ContinuousEngine::cancel(int64_t request) {
+  cancel_where([&](const Sequence& s) { return s.request == request; });
+}
+
+void ContinuousEngine::cancel(int64_t request, int64_t sample) {
+  cancel_where([&](const Sequence& s) { return s.request == request && s.sample == sample; });
+}
+
+void ContinuousEngine::cancel_where(const std::function<bool(const Sequence&)>& matches) {
+  for (auto& group : waiting_) {
+    group.erase(std::remove_if(group.begin(), group.end(), [&](const auto& s) { return matches(*s); }), group.end());
+  }
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const auto& g) { return g.empty(); }),
+                 waiting_.end());
+  for (auto& sequence : running_) {
+    if (matches(*sequence)) free_blocks(*sequence);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [&](const auto& s) { return matches(*s); }),
+                 running_.end());
+}
+
 std::vector<SequenceOutput> ContinuousEngine::step() {
+  step_tokens_.clear();
   if (!has_work()) return {};
   torch::NoGradGuard no_grad;
   for (auto& sequence : running_) sequence->fresh = false;
@@ -227,13 +268,15 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
 
 void ContinuousEngine::sample_into(Sequence& sequence, const torch::Tensor& logits) {
   const core::GenerationConfig& config = sequence.config;
-  torch::Tensor seen = torch::tensor(sequence.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);  // [1, S]
+  torch::Tensor seen;  // [1, S], read by the repetition penalty only
+  if (config.repetition_penalty != 1.0) seen = torch::tensor(sequence.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);
   torch::Tensor processed = process_logits(logits, seen, config, sequence.generated());          // [1, V]
   const int64_t next = select_next_tokens(processed, config, sequence.generator).item<int64_t>();
   sequence.tokens.push_back(next);
   ++stats_.generated_tokens;
   sequence.ended_on_eos = config.eos_token_id && next == *config.eos_token_id;
   sequence.finished = sequence.ended_on_eos || sequence.generated() >= config.max_new_tokens;
+  step_tokens_.push_back(StepToken{sequence.request, sequence.sample, next, sequence.finished});
 }
 
 void ContinuousEngine::free_blocks(Sequence& sequence) {
@@ -276,7 +319,7 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
     }
     std::vector<uint64_t> seeds;
     for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
-    submit(std::move(prompt), config, std::move(seeds));
+    submit(std::move(prompt), config, SampleOptions{std::move(seeds), {}});
   }
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
   int64_t longest = 0;

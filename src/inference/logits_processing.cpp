@@ -42,7 +42,7 @@ torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, co
 
 torch::Tensor draw_by_inverse_cdf(const torch::Tensor& probabilities, const torch::Tensor& uniform) {
   torch::Tensor cdf = probabilities.cumsum(1);                    // [R, V]
-  torch::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1);        // [R, 1]
+  torch::Tensor total = cdf.narrow(1, cdf.size(1) - 1, 1).contiguous();  // [R, 1]
   torch::Tensor target = uniform.unsqueeze(1).to(cdf.scalar_type()) * total;  // [R, 1]
   torch::Tensor picked = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true);  // [R, 1]
   // u * total can round up to total (u within 2^-24 of 1 in float32): the search would then land

@@ -3,19 +3,13 @@
 #include <algorithm>
 
 #include "core/log.h"
-#include "serve/batch_run.h"
+#include "serve/request_rows.h"
 
 namespace dschat {
 namespace serve {
 namespace {
 
 const char* const kStoppingMessage = "the server is stopping";
-
-// The server reports its own figures; the engine's per-call statistics line would flood the log.
-inference::InferenceEngineOptions quiet(inference::InferenceEngineOptions options) {
-  options.log_stats = false;
-  return options;
-}
 
 }  // namespace
 
@@ -29,21 +23,29 @@ SchedulerCounters& SchedulerCounters::operator+=(const SchedulerCounters& other)
   failed_total += other.failed_total;
   generated_tokens_total += other.generated_tokens_total;
   batches_total += other.batches_total;
+  steps_total += other.steps_total;
   return *this;
 }
 
 BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer tokenizer,
                                inference::InferenceEngineOptions engine_options, SchedulerOptions options)
     : tokenizer_(std::move(tokenizer)),
-      engine_(model, quiet(engine_options)),
+      model_(model),
       options_(options),
-      context_tokens_(std::min(engine_options.max_out_tokens, model->config().max_position_embeddings)),
-      max_out_tokens_(engine_options.max_out_tokens) {
+      context_tokens_(std::min(engine_options.max_out_tokens, model->config().max_position_embeddings)) {
   DSCHAT_CHECK(options_.max_batch_rows >= 1, InvalidArgument, "max_batch_rows must be at least 1, got ",
                options_.max_batch_rows);
   DSCHAT_CHECK(options_.max_queue >= 1, InvalidArgument, "max_queue must be at least 1, got ", options_.max_queue);
   DSCHAT_CHECK(options_.batch_window.count() >= 0, InvalidArgument, "batch_window must be >= 0 ms, got ",
                options_.batch_window.count());
+  DSCHAT_CHECK(engine_options.max_out_tokens >= 2, InvalidArgument, "max_out_tokens must be at least 2, got ",
+               engine_options.max_out_tokens);
+  // The pool holds what the static workspace did: max_batch_rows rows of max_out_tokens tokens.
+  engine_options_.max_running_sequences = options_.max_batch_rows;
+  engine_options_.num_blocks =
+      options_.max_batch_rows * ((engine_options.max_out_tokens + engine_options_.block_size - 1) / engine_options_.block_size);
+  engine_ = std::make_unique<inference::ContinuousEngine>(model_, engine_options_);
+  rows_ = std::make_unique<RequestRows>(tokenizer_);
   worker_ = std::thread([this] { work(); });
 }
 
@@ -85,9 +87,8 @@ SchedulerCounters BatchScheduler::counters() const {
   return counters;
 }
 
-std::vector<std::shared_ptr<GenerationRequest>> BatchScheduler::take_batch() {
-  std::vector<std::shared_ptr<GenerationRequest>> batch;
-  int64_t rows = 0, longest_prompt = 0, longest_answer = 0;
+void BatchScheduler::admit_queued() {
+  int64_t rows = rows_->open_rows();
   for (auto it = queue_.begin(); it != queue_.end();) {
     GenerationRequest& request = *it->request;
     if (request.cancelled()) {  // its client left while it waited
@@ -95,67 +96,82 @@ std::vector<std::shared_ptr<GenerationRequest>> BatchScheduler::take_batch() {
       it = queue_.erase(it);
       continue;
     }
-    const int64_t prompt = std::max(longest_prompt, request.longest_prompt());
-    const int64_t answer = std::max(longest_answer, request.params().max_tokens);
-    // The head always fits (submit's caller checked it alone); others join while the batch holds them.
-    if (batch.empty() || (rows + request.rows() <= options_.max_batch_rows && prompt + answer <= max_out_tokens_)) {
-      rows += request.rows();
-      longest_prompt = prompt;
-      longest_answer = answer;
-      batch.push_back(it->request);
-      it = queue_.erase(it);
-    } else {
-      ++it;
+    // Arrival order: a request that does not fit yet holds back the ones behind it.
+    if (rows + request.rows() > options_.max_batch_rows) break;
+    rows += request.rows();
+    try {
+      rows_->add(it->request, *engine_);
+      running_.push_back(it->request);
+    } catch (const std::exception& e) {  // the engine refused it (the handler's checks passed)
+      it->request->fail(std::string("generation failed: ") + e.what());
+      ++counters_.failed_total;
     }
+    it = queue_.erase(it);
   }
-  return batch;
+  counters_.running_rows = rows_->open_rows();
 }
 
 void BatchScheduler::work() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (stopping_) return;
-    // The batch window: the first request waits a few milliseconds for others to share its steps.
-    const auto deadline = queue_.front().arrival + options_.batch_window;
-    wake_.wait_until(lock, deadline, [&] {
-      int64_t rows = 0;
-      for (const auto& queued : queue_) rows += queued.request->rows();
-      return stopping_ || rows >= options_.max_batch_rows;
-    });
-    if (stopping_) return;
-    running_ = take_batch();
-    if (running_.empty()) continue;
-    int64_t rows = 0;
-    for (const auto& request : running_) rows += request->rows();
-    counters_.running_rows = rows;
-    ++counters_.batches_total;
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || engine_->has_work(); });
+    if (stopping_) break;
+    if (!engine_->has_work()) {
+      // An idle engine: the first arrival waits a few milliseconds for others to start with it.
+      const auto deadline = queue_.front().arrival + options_.batch_window;
+      wake_.wait_until(lock, deadline, [&] {
+        int64_t rows = 0;
+        for (const auto& queued : queue_) rows += queued.request->rows();
+        return stopping_ || rows >= options_.max_batch_rows;
+      });
+      if (stopping_) break;
+      admit_queued();
+      if (!engine_->has_work()) continue;  // every queued request was cancelled or refused
+      ++counters_.batches_total;
+    } else {
+      admit_queued();
+    }
     lock.unlock();
-    run_batch(running_);
+    run_step();
     lock.lock();
-    running_.clear();
-    counters_.running_rows = 0;
   }
+  // stop() failed the requests; the engine's rows go with it.
+  rows_->clear();
 }
 
-void BatchScheduler::run_batch(const std::vector<std::shared_ptr<GenerationRequest>>& batch) {
-  int64_t tokens = 0, cancelled = 0, failed = 0;
+void BatchScheduler::run_step() {
+  std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> done;
+  std::string failure;
   try {
-    BatchRun run(batch, tokenizer_, engine_.model()->parameters().front().device(), abort_running_);
-    run.run(engine_);
-    tokens = run.generated_tokens();
-    cancelled = run.cancelled_requests();
+    engine_->step();
+    done = rows_->on_step(*engine_, abort_running_.load());
   } catch (const std::exception& e) {
-    // One failed batch fails its requests, not the server: the next batch starts afresh.
-    core::log_warn("serve: a batch of ", batch.size(), " requests failed: ", e.what());
-    for (const auto& request : batch) request->fail(std::string("generation failed: ") + e.what());
-    failed = static_cast<int64_t>(batch.size());
+    failure = e.what();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  counters_.generated_tokens_total += tokens;
-  counters_.cancelled_total += cancelled;
-  counters_.failed_total += failed;
-  counters_.completed_total += static_cast<int64_t>(batch.size()) - cancelled - failed;
+  ++counters_.steps_total;
+  if (!failure.empty()) {
+    fail_running(failure);
+    return;
+  }
+  for (const auto& [request, gone] : done) {
+    ++(gone ? counters_.cancelled_total : counters_.completed_total);
+    running_.erase(std::remove(running_.begin(), running_.end(), request), running_.end());
+  }
+  counters_.generated_tokens_total = generated_before_reset_ + rows_->generated_tokens();
+  counters_.running_rows = rows_->open_rows();
+}
+
+void BatchScheduler::fail_running(const std::string& message) {
+  // One failed step fails the requests in the engine, not the server: the engine starts afresh.
+  core::log_warn("serve: a step over ", running_.size(), " requests failed: ", message);
+  for (const auto& request : rows_->clear()) request->fail(std::string("generation failed: ") + message);
+  counters_.failed_total += static_cast<int64_t>(running_.size());
+  running_.clear();
+  generated_before_reset_ = counters_.generated_tokens_total;
+  engine_ = std::make_unique<inference::ContinuousEngine>(model_, engine_options_);
+  rows_ = std::make_unique<RequestRows>(tokenizer_);
+  counters_.running_rows = 0;
 }
 
 }  // namespace serve

@@ -197,7 +197,9 @@ TEST_P(ContinuousEngineOnFixtures, ShuffledArrivalsAndPreemptionChangeNoId) {
       for (int64_t t = 0; t < width; ++t) {
         if (p.mask[b][t].item<int64_t>() != 0) prompt.push_back(p.ids[b][t].item<int64_t>());
       }
-      prompt_of_request[engine.submit(prompt, run, {inference::row_seed(run.seed, b * n), inference::row_seed(run.seed, b * n + 1)})] = b;
+      inference::SampleOptions seeds;
+      seeds.seeds = {inference::row_seed(run.seed, b * n), inference::row_seed(run.seed, b * n + 1)};
+      prompt_of_request[engine.submit(prompt, run, seeds)] = b;
       check(engine.step());
       check(engine.step());
     }
@@ -240,6 +242,23 @@ TEST(ContinuousEngine, NSamplesHoldThePromptsBlocksOnceAndBadInputIsNamed) {
                     "num_return_sequences (9) exceeds max_running_sequences (8)");
   config.num_return_sequences = 1;
   EXPECT_THROW_WITH(engine.submit({}, config), core::InvalidArgument, "empty prompt");
+  config.num_return_sequences = 3;
+  config.max_new_tokens = 6;
+  config.min_new_tokens = 6;  // no EOS: each sample runs to its own limit
+  inference::SampleOptions own;
+  own.max_new_tokens = {2, 6, 1};
+  engine.submit(prompt, config, own);
+  std::map<int64_t, size_t> lengths;
+  while (engine.has_work()) {
+    for (const auto& done : engine.step()) lengths[done.sample] = done.generated.size();
+  }
+  EXPECT_EQ(lengths, (std::map<int64_t, size_t>{{0, 2}, {1, 6}, {2, 1}}));
+  own.max_new_tokens = {2, 7, 1};
+  EXPECT_THROW_WITH(engine.submit(prompt, config, own), core::InvalidArgument,
+                    "a sample's max_new_tokens (7) must be in [1, 6]");
+  own.max_new_tokens = {2};
+  EXPECT_THROW_WITH(engine.submit(prompt, config, own), core::InvalidArgument, "1 max_new_tokens for 3 samples");
+  config = sampling_config();
   engine.submit(prompt, config);
   torch::Tensor ids = torch::ones({1, 3}, torch::kInt64);  // [1, 3]
   EXPECT_THROW_WITH(engine.generate(ids, ids, config), core::InvalidArgument, "needs an idle engine (1 waiting");

@@ -3,6 +3,8 @@
 // HTTP API itself is tested through the openai client (tests/serve/api_test.py).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <fstream>
 #include <thread>
 
@@ -190,6 +192,43 @@ TEST(BatchScheduler, CancelledWhileQueuedNeverRunsAndLengthsArePerRequest) {
   EXPECT_EQ(counters.batches_total, 1);  // a and b decoded together
   EXPECT_EQ(counters.completed_total, 2);
   EXPECT_EQ(counters.generated_tokens_total, 12);
+}
+
+// Continuous batching: a request that arrives while a long one decodes joins its steps and
+// finishes long before it, and a seeded sampled answer is the same text alone or joined mid-run.
+TEST(BatchScheduler, ALateRequestJoinsTheRunningRowsAndAnswersAsAlone) {
+  SchedulerOptions options;
+  options.batch_window = std::chrono::milliseconds(0);
+  BatchScheduler scheduler(tiny_model(), gpt2(), {}, options);
+  SamplingParams long_answer, late;
+  long_answer.max_tokens = 200;
+  long_answer.temperature = 0;
+  late.max_tokens = 6;
+  late.temperature = 0.8;
+  late.seed = 11;
+  late.n = 2;
+  auto answer_of = [](const std::shared_ptr<GenerationRequest>& request) {
+    std::vector<ChoiceEvent> events;
+    while (!request->wait(events, std::chrono::milliseconds(100))) {}
+    std::map<int64_t, std::string> text;
+    for (const auto& event : events) text[event.index] += event.text;
+    return text;
+  };
+  auto alone = std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{{7, 8}}, late);
+  scheduler.submit(alone);
+  const std::map<int64_t, std::string> alone_text = answer_of(alone);
+
+  auto first = std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{{50, 51, 52}}, long_answer);
+  scheduler.submit(first);
+  while (first->completion_tokens() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto joined = std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{{7, 8}}, late);
+  scheduler.submit(joined);
+  const std::map<int64_t, std::string> joined_text = answer_of(joined);
+  EXPECT_LT(first->completion_tokens(), 200) << "the late request waited for the long one to end";
+  EXPECT_EQ(joined_text, alone_text);
+  EXPECT_EQ(joined->completion_tokens(), 12);
+  answer_of(first);
+  EXPECT_EQ(first->completion_tokens(), 200);
 }
 
 // The server's sampler (grouped warpers, one inverse-CDF draw per row) draws from the warped

@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,12 @@ struct ContinuousEngineOptions {
   int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (the first admission may exceed it)
 };
 
+/// Per-sample settings of one submit() (empty: the defaults).
+struct SampleOptions {
+  std::vector<uint64_t> seeds;           // sample j's generator seed
+  std::vector<int64_t> max_new_tokens;   // sample j's own length limit (RLVR benchmarks force lengths)
+};
+
 /// One finished sequence.
 struct SequenceOutput {
   int64_t request = 0;              // submit()'s return value
@@ -65,6 +72,13 @@ struct SequenceOutput {
   std::vector<int64_t> generated;   // its new tokens, EOS included when it ended on one
   bool ended_on_eos = false;        // else it reached max_new_tokens
   int64_t preemptions = 0;          // times it was preempted and recomputed
+};
+
+/// One token a sequence drew in a step (streaming callers read them all).
+struct StepToken {
+  int64_t request = 0, sample = 0;
+  int64_t token = 0;
+  bool finished = false;  // EOS or its max_new_tokens: the engine ended it in this step
 };
 
 struct ContinuousStats {
@@ -87,16 +101,28 @@ class ContinuousEngine {
   ContinuousEngine& operator=(const ContinuousEngine&) = delete;
 
   /// Queues `prompt` (token ids, no padding) for config.num_return_sequences samples; sample j's
-  /// generator is seeded with seeds[j] when given (n of them), else row_seed(config.seed, j).
-  /// Returns the request's id (0, 1, ... in submission order). Throws core::InvalidArgument for an
-  /// empty prompt, n above max_running_sequences, or a prompt + max_new_tokens that the whole pool
-  /// could not hold.
-  int64_t submit(std::vector<int64_t> prompt, const core::GenerationConfig& config,
-                 std::vector<uint64_t> seeds = {});
+  /// generator is seeded with samples.seeds[j] when given (n of them), else row_seed(config.seed,
+  /// j), and it stops after samples.max_new_tokens[j] tokens when given (each <=
+  /// config.max_new_tokens), else config.max_new_tokens. Returns the request's id (0, 1, ... in
+  /// submission order). Throws core::InvalidArgument for an empty prompt, n above
+  /// max_running_sequences, per-sample lists of another length than n, or a prompt +
+  /// max_new_tokens that the whole pool could not hold.
+  int64_t submit(std::vector<int64_t> prompt, const core::GenerationConfig& config, const SampleOptions& samples = {});
   /// One iteration (admit, prefill, decode, retire); returns the sequences that finished in it.
   std::vector<SequenceOutput> step();
+  /// Every token drawn in the last step(), in the order drawn.
+  const std::vector<StepToken>& last_step_tokens() const { return step_tokens_; }
+  /// Ends every sequence of `request` now (a client that left, a stop string): waiting ones leave
+  /// the queue, running ones free their blocks. They are not reported by step(). Unknown or
+  /// already finished requests are ignored.
+  void cancel(int64_t request);
+  /// Ends one sample of a request (the others go on).
+  void cancel(int64_t request, int64_t sample);
   /// Sequences waiting or running.
   bool has_work() const;
+  /// Sequences waiting (not admitted, or preempted) and running (admitted, holding blocks).
+  int64_t waiting_sequences() const;
+  int64_t running_sequences() const { return static_cast<int64_t>(running_.size()); }
 
   /// InferenceEngine::generate's contract: ids, mask [B, T] left-padded -> [B * n, T + N], prompt
   /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done.
@@ -117,6 +143,7 @@ class ContinuousEngine {
   void sample_into(Sequence& sequence, const torch::Tensor& logits);  // [1, V]
   std::vector<SequenceOutput> retire_finished();
   void free_blocks(Sequence& sequence);
+  void cancel_where(const std::function<bool(const Sequence&)>& matches);
   int64_t blocks_in_use() const { return pool_->num_blocks() - pool_->free_blocks(); }
 
   models::CausalLM model_{nullptr};
@@ -127,6 +154,7 @@ class ContinuousEngine {
   int64_t next_request_ = 0;
   int64_t admissions_ = 0;  // admission counter: the latest admitted is preempted first
   ContinuousStats stats_;
+  std::vector<StepToken> step_tokens_;
 };
 
 }  // namespace inference

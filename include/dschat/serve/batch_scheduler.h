@@ -1,21 +1,25 @@
 #pragma once
-// Serves one model: a bounded queue of GenerationRequests and one worker thread that takes them
-// in batches and runs each batch as ONE InferenceEngine call, so concurrent requests share every
-// decode step.
+// Serves one model: a bounded queue of GenerationRequests and one worker thread that runs a
+// ContinuousEngine (inference/continuous_engine.h): iteration-level batching, so a request joins
+// the running rows at the next decode step instead of waiting for a batch to end.
 //
-//   queue ──(first arrival + batch_window, or max_batch_rows reached)──> batch ──> engine.generate
+//   queue ──(rows fit: running + its n x prompts <= max_batch_rows)──> engine ──step()──> tokens
 //
-// - A batch is formed from the queue in arrival order: every request that fits (rows up to
-//   max_batch_rows; longest prompt + longest max_tokens within the engine's max_out_tokens) joins;
-//   one that does not waits for the next batch. Requests that arrive while a batch runs wait for
-//   it to end (static batching: no request joins a running batch).
-// - Every row samples with its own request's settings and seeded generator (batch_run.h), so a
-//   seeded request's answer does not depend on what it was batched with (up to the last bits of
-//   the batched matmuls), and a request's answers stream back as they are decoded.
+// - Requests move from the queue into the engine in arrival order whenever their rows fit beside
+//   the running ones (max_batch_rows); a request that does not fit waits (its rows never exceed
+//   max_batch_rows, the handler checked). When the engine is idle, the first arrival waits up to
+//   batch_window for company, so a burst starts together. Each engine step admits and prefills
+//   the newcomers, decodes one token for every running row and retires the finished ones.
+// - Every row samples with its own request's settings and a generator seeded from the request's
+//   seed and its choice index (request_rows.h), so a seeded request's answer does not depend on
+//   what it ran beside (up to the last bits of the batched matmuls), and its answers stream back
+//   as they are decoded.
+// - The KV cache is a pool of 16-token blocks holding max_batch_rows rows of max_out_tokens
+//   (the bytes the static workspace took); rows take blocks as they grow and free them at once.
 // - A cancelled request (its client went away) ends its rows at the next step; one still queued
-//   is dropped when a batch is formed. Beyond max_queue waiting requests, submit() throws
-//   QueueFull: memory stays bounded by max_queue requests and one batch.
-
+//   is dropped before it reaches the engine. Beyond max_queue waiting requests, submit() throws
+//   QueueFull: memory stays bounded by max_queue requests and the pool.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include <thread>
 
 #include "dschat/core/error.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/serve/generation_request.h"
@@ -33,9 +38,11 @@
 namespace dschat {
 namespace serve {
 
+class RequestRows;  // private (src/serve/request_rows.h)
+
 struct SchedulerOptions {
-  int64_t max_batch_rows = 32;                  // rows (prompts x n) decoded together
-  std::chrono::milliseconds batch_window{5};    // how long the first request waits for company
+  int64_t max_batch_rows = 32;                  // rows (prompts x n) decoded together at most
+  std::chrono::milliseconds batch_window{5};    // how long a request arriving at an idle engine waits for company
   int64_t max_queue = 64;                       // requests waiting beyond the running batch
 };
 
@@ -43,7 +50,10 @@ struct SchedulerOptions {
 struct SchedulerCounters {
   int64_t queued = 0, running_rows = 0;
   int64_t requests_total = 0, completed_total = 0, cancelled_total = 0, rejected_total = 0, failed_total = 0;
-  int64_t generated_tokens_total = 0, batches_total = 0;
+  int64_t generated_tokens_total = 0;
+  int64_t batches_total = 0;  // busy periods: times the engine started from idle (requests that
+                              // arrive together, or join running rows, share one)
+  int64_t steps_total = 0;    // engine steps (one decode forward each, plus the newcomers' prefills)
 
   /// Adds every field (the server's totals over its models).
   SchedulerCounters& operator+=(const SchedulerCounters& other);
@@ -70,7 +80,7 @@ class BatchScheduler {
   void stop();
 
   SchedulerCounters counters() const;
-  /// Prompt + answer tokens one row may hold: the KV workspace's and the position table's limit.
+  /// Prompt + answer tokens one row may hold: max_out_tokens and the position table's limit.
   int64_t context_tokens() const { return context_tokens_; }
   int64_t max_batch_rows() const { return options_.max_batch_rows; }
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
@@ -81,22 +91,27 @@ class BatchScheduler {
     std::chrono::steady_clock::time_point arrival;
   };
   void work();
-  std::vector<std::shared_ptr<GenerationRequest>> take_batch();  // mutex_ held
-  void run_batch(const std::vector<std::shared_ptr<GenerationRequest>>& batch);
+  /// Moves queued requests whose rows fit into the engine (mutex_ held).
+  void admit_queued();
+  /// One engine step and its tokens streamed out; a throwing engine fails its requests.
+  void run_step();
+  void fail_running(const std::string& message);
 
   tokenizer::Tokenizer tokenizer_;
-  inference::InferenceEngine engine_;  // the worker's only
+  models::CausalLM model_;
+  inference::ContinuousEngineOptions engine_options_;
+  std::unique_ptr<inference::ContinuousEngine> engine_;  // the worker's only (rebuilt after a failure)
+  std::unique_ptr<RequestRows> rows_;                    // the worker's only
   const SchedulerOptions options_;
   const int64_t context_tokens_;
-  const int64_t max_out_tokens_;
-
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Queued> queue_;      // guarded by mutex_
   SchedulerCounters counters_;    // guarded by mutex_
   bool stopping_ = false;         // guarded by mutex_
-  std::atomic<bool> abort_running_{false};  // read by the running batch at every step
-  std::vector<std::shared_ptr<GenerationRequest>> running_;  // guarded by mutex_
+  std::atomic<bool> abort_running_{false};  // read by the worker at every step
+  std::vector<std::shared_ptr<GenerationRequest>> running_;  // in the engine; guarded by mutex_
+  int64_t generated_before_reset_ = 0;  // tokens of engines dropped after a failure; guarded by mutex_
   std::thread worker_;
 };
 

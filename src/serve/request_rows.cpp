@@ -1,0 +1,130 @@
+#include "serve/request_rows.h"
+
+#include <algorithm>
+#include <random>
+
+#include "dschat/inference/logits_processing.h"
+
+namespace dschat {
+namespace serve {
+namespace {
+
+// A seed for a request that brought none: different for every request.
+uint64_t fresh_seed() {
+  static thread_local std::mt19937_64 source{std::random_device{}()};
+  return source();
+}
+
+}  // namespace
+
+RequestRows::RequestRows(const tokenizer::Tokenizer& tokenizer)
+    : tokenizer_(&tokenizer), eos_(tokenizer.eos_token_id().value_or(-1)) {}
+
+void RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inference::ContinuousEngine& engine) {
+  const SamplingParams& params = request->params();
+  core::GenerationConfig config;
+  config.max_new_tokens = params.max_tokens;
+  config.do_sample = !params.greedy();
+  if (config.do_sample) {
+    config.temperature = params.temperature;
+    config.top_k = params.top_k;
+    config.top_p = params.top_p;
+  }
+  if (eos_ >= 0) config.eos_token_id = eos_;
+  config.num_return_sequences = params.n;
+  const uint64_t seed = params.seed.value_or(fresh_seed());
+  Live live{request, {}, 0};
+  std::vector<int64_t> engine_requests;
+  for (size_t p = 0; p < request->prompts().size(); ++p) {
+    inference::SampleOptions samples;
+    for (int64_t j = 0; j < params.n; ++j) {
+      samples.seeds.push_back(inference::row_seed(seed, static_cast<int64_t>(p) * params.n + j));
+    }
+    const int64_t id = engine.submit(request->prompts()[p], config, samples);
+    engine_requests.push_back(id);
+    for (int64_t j = 0; j < params.n; ++j) {
+      live.rows.emplace(std::make_pair(id, j), Row{static_cast<int64_t>(p) * params.n + j,
+                                                   TextStream(tokenizer_, params.stop, params.trim_leading_space)});
+    }
+  }
+  live.open = static_cast<int64_t>(live.rows.size());
+  open_rows_ += live.open;
+  for (int64_t id : engine_requests) live_of_engine_request_[id] = live_.size();
+  live_.push_back(std::move(live));
+}
+
+void RequestRows::end_row(Live& live, Row& row, std::string text, const char* reason) {
+  row.ended = true;
+  --live.open;
+  --open_rows_;
+  if (reason != nullptr) live.request->push(ChoiceEvent{row.choice, std::move(text), reason});
+}
+
+std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> RequestRows::on_step(
+    inference::ContinuousEngine& engine, bool aborting) {
+  for (const inference::StepToken& step : engine.last_step_tokens()) {
+    auto index = live_of_engine_request_.find(step.request);
+    if (index == live_of_engine_request_.end()) continue;
+    Live& live = live_[index->second];
+    Row& row = live.rows.at({step.request, step.sample});
+    if (row.ended) continue;
+    GenerationRequest& request = *live.request;
+    if (aborting || request.cancelled()) continue;  // ended below, with the request's other rows
+    ++row.generated;
+    ++generated_tokens_;
+    request.add_completion_tokens(1);
+    const SamplingParams& params = request.params();
+    const auto& stop_ids = params.stop_token_ids;
+    bool ended_here = true;
+    if (step.token == eos_ || std::find(stop_ids.begin(), stop_ids.end(), step.token) != stop_ids.end()) {
+      end_row(live, row, row.text.finish(), "stop");
+    } else {
+      std::string piece = row.text.push(step.token);
+      if (row.text.stopped()) {
+        end_row(live, row, std::move(piece), "stop");
+      } else if (row.generated >= params.max_tokens) {
+        end_row(live, row, piece + row.text.finish(), "length");
+      } else {
+        ended_here = false;
+        if (!piece.empty()) request.push(ChoiceEvent{row.choice, std::move(piece), ""});
+      }
+    }
+    // The engine ends a row itself at EOS and max_tokens; a stop id or string ends it here only.
+    if (ended_here && !step.finished) engine.cancel(step.request, step.sample);
+  }
+  std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> done;
+  std::vector<Live> still;
+  for (Live& live : live_) {
+    const bool gone = aborting || live.request->cancelled();
+    if (gone && live.open > 0) {  // nobody reads these rows' text any more
+      for (auto& [key, row] : live.rows) {
+        if (row.ended) continue;
+        end_row(live, row, "", nullptr);
+        engine.cancel(key.first, key.second);
+      }
+    }
+    if (live.open == 0) {
+      done.emplace_back(live.request, gone);
+    } else {
+      still.push_back(std::move(live));
+    }
+  }
+  live_ = std::move(still);
+  live_of_engine_request_.clear();
+  for (size_t i = 0; i < live_.size(); ++i) {
+    for (const auto& entry : live_[i].rows) live_of_engine_request_[entry.first.first] = i;
+  }
+  return done;
+}
+
+std::vector<std::shared_ptr<GenerationRequest>> RequestRows::clear() {
+  std::vector<std::shared_ptr<GenerationRequest>> requests;
+  for (auto& live : live_) requests.push_back(live.request);
+  live_.clear();
+  live_of_engine_request_.clear();
+  open_rows_ = 0;
+  return requests;
+}
+
+}  // namespace serve
+}  // namespace dschat
