@@ -21,6 +21,8 @@ struct ContinuousEngine::Sequence {
   int64_t admitted_at = -1;     // admission order: the latest admitted is preempted first
   int64_t preemptions = 0;
   bool fresh = false;           // drew its token in this step's prefill: no decode this step
+  bool parked = false;          // prefilled with its siblings, waiting for a decode row (holds
+                                // only the shared prompt blocks)
   bool finished = false;
   bool ended_on_eos = false;
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
@@ -104,6 +106,10 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
   return request;
 }
 
+int64_t ContinuousEngine::active_rows() const {
+  return std::count_if(running_.begin(), running_.end(), [](const auto& s) { return !s->parked; });
+}
+
 int64_t ContinuousEngine::waiting_sequences() const {
   int64_t sequences = 0;
   for (const auto& group : waiting_) sequences += static_cast<int64_t>(group.size());
@@ -136,12 +142,20 @@ std::vector<SequenceOutput> ContinuousEngine::step() {
   if (!has_work()) return {};
   torch::NoGradGuard no_grad;
   for (auto& sequence : running_) sequence->fresh = false;
+  // Parked samples (a prompt's n samples when fewer rows were free) take free rows first.
+  int64_t active = active_rows();
+  for (auto& sequence : running_) {
+    if (sequence->parked && active < options_.max_running_sequences) {
+      sequence->parked = false;
+      ++active;
+    }
+  }
   int64_t budget = options_.max_prefill_tokens;
   while (!waiting_.empty() && admit_next(budget)) {
   }
   std::vector<Sequence*> rows;  // admitted in an earlier step, in admission order
   for (auto& sequence : running_) {
-    if (!sequence->fresh && !sequence->finished) rows.push_back(sequence.get());
+    if (!sequence->fresh && !sequence->finished && !sequence->parked) rows.push_back(sequence.get());
   }
   if (!rows.empty()) decode(std::move(rows));
   ++stats_.steps;
@@ -153,7 +167,12 @@ bool ContinuousEngine::admit_next(int64_t& budget) {
   const int64_t rows = static_cast<int64_t>(group.size());
   const int64_t tokens = static_cast<int64_t>(group.front()->tokens.size());
   const bool first_of_step = budget == options_.max_prefill_tokens;
-  if (static_cast<int64_t>(running_.size()) + rows > options_.max_running_sequences) return false;
+  // A prompt is admitted when one row is free and no earlier prompt's samples are parked: the
+  // samples beyond the free rows are prefilled with it and park (holding only its shared blocks)
+  // until rows free up, so n samples never wait for n free rows at once.
+  const int64_t active = active_rows();
+  const bool any_parked = std::any_of(running_.begin(), running_.end(), [](const auto& s) { return s->parked; });
+  if (any_parked || active + 1 > options_.max_running_sequences) return false;
   if (tokens > budget && !first_of_step) return false;
   // Room for the prompt, and for each sample's next block unless nothing else runs (then the
   // group alone fits, submit() checked; a sample short of a block preempts a sibling).
@@ -185,6 +204,8 @@ void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
     sequence->cached = tokens;
     sequence->admitted_at = admissions_++;
     sequence->fresh = true;
+    sequence->parked = active_rows() >= options_.max_running_sequences;
+    stats_.parked_samples += sequence->parked ? 1 : 0;
     // Each sample processes its own copy: process_logits writes into the logits it is given.
     sample_into(*sequence, group.size() > 1 ? logits.clone() : logits);
     running_.push_back(std::move(sequence));
@@ -225,6 +246,7 @@ void ContinuousEngine::preempt(Sequence& victim) {
   free_blocks(victim);
   victim.cached = 0;
   victim.fresh = false;
+  victim.parked = false;
   ++victim.preemptions;
   ++stats_.preemptions;
   std::vector<std::unique_ptr<Sequence>> alone;

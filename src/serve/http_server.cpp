@@ -42,7 +42,8 @@ json counters_json(const SchedulerCounters& c) {
               {"rejected_total", c.rejected_total},
               {"failed_total", c.failed_total},
               {"generated_tokens_total", c.generated_tokens_total},
-              {"batches_total", c.batches_total}};
+              {"batches_total", c.batches_total},
+              {"steps_total", c.steps_total}};
 }
 
 json health(const Server::State& state) {

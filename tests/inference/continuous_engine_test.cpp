@@ -206,6 +206,7 @@ TEST_P(ContinuousEngineOnFixtures, ShuffledArrivalsAndPreemptionChangeNoId) {
     while (engine.has_work()) check(engine.step());
     EXPECT_EQ(checked, prompts * n);
     EXPECT_GT(engine.stats().preemptions, 0) << "the pool was meant to force preemption";
+    EXPECT_GT(engine.stats().parked_samples, 0) << "3 rows for 2 samples per prompt were meant to park some";
     EXPECT_EQ(engine.pool().free_blocks(), engine.pool().num_blocks());
   }
 }

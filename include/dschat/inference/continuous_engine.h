@@ -13,7 +13,9 @@
 // admission of a step may exceed it) and the pool has blocks for the prompt; each admitted prompt
 // is prefilled once (its own forward, no padding) and its n samples share its blocks by reference
 // (copy-on-write of the last, partly filled one when a sample first writes to it); each sample
-// draws its first token. (2) Decodes one token for every sequence admitted in an earlier step, in
+// draws its first token; when fewer rows are free than the prompt has samples, the others park
+// (holding only the shared blocks) and take rows as they free up, before any later prompt is
+// admitted. (2) Decodes one token for every sequence admitted in an earlier step, in
 // one batched forward whose keys/values are read through the block tables (PagedKvCache). A
 // sequence that needs a block when none is free preempts the most recently admitted sequence
 // (vLLM's recompute preemption: its blocks are freed and it waits at the head of the queue to be
@@ -91,6 +93,7 @@ struct ContinuousStats {
   int64_t preemptions = 0;
   int64_t peak_blocks_used = 0;  // most pool blocks held at once
   int64_t copy_on_write = 0;     // blocks copied because a sample wrote into a shared one
+  int64_t parked_samples = 0;    // samples prefilled with their prompt that waited for a free row
 };
 
 class ContinuousEngine {
@@ -122,7 +125,7 @@ class ContinuousEngine {
   bool has_work() const;
   /// Sequences waiting (not admitted, or preempted) and running (admitted, holding blocks).
   int64_t waiting_sequences() const;
-  int64_t running_sequences() const { return static_cast<int64_t>(running_.size()); }
+  int64_t running_sequences() const { return static_cast<int64_t>(running_.size()); }  // parked included
 
   /// InferenceEngine::generate's contract: ids, mask [B, T] left-padded -> [B * n, T + N], prompt
   /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done.
@@ -144,6 +147,7 @@ class ContinuousEngine {
   std::vector<SequenceOutput> retire_finished();
   void free_blocks(Sequence& sequence);
   void cancel_where(const std::function<bool(const Sequence&)>& matches);
+  int64_t active_rows() const;  // running sequences that decode (not parked)
   int64_t blocks_in_use() const { return pool_->num_blocks() - pool_->free_blocks(); }
 
   models::CausalLM model_{nullptr};
