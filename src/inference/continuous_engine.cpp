@@ -6,6 +6,7 @@
 #include "dschat/core/error.h"
 #include "dschat/inference/logits_processing.h"
 #include "dschat/inference/paged_kv_cache.h"
+#include "inference/row_sampling.h"
 
 namespace dschat {
 namespace inference {
@@ -196,6 +197,7 @@ void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [1, V]
   ++stats_.prefill_forwards;
   stats_.prefill_tokens += tokens;
+  std::vector<Sequence*> samples;
   for (auto& sequence : group) {
     if (sequence.get() != &first) {  // the samples share the prompt's blocks by reference
       sequence->blocks = first.blocks;
@@ -206,10 +208,11 @@ void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
     sequence->fresh = true;
     sequence->parked = active_rows() >= options_.max_running_sequences;
     stats_.parked_samples += sequence->parked ? 1 : 0;
-    // Each sample processes its own copy: process_logits writes into the logits it is given.
-    sample_into(*sequence, group.size() > 1 ? logits.clone() : logits);
+    samples.push_back(sequence.get());
     running_.push_back(std::move(sequence));
   }
+  // The n samples draw their first tokens from the prompt's logits, each with its own generator.
+  sample_into(samples, logits.expand({static_cast<int64_t>(samples.size()), logits.size(1)}));
   stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, blocks_in_use());
 }
 
@@ -282,23 +285,26 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]
   ++stats_.decode_forwards;
   stats_.decode_rows += batch;
-  for (int64_t r = 0; r < batch; ++r) {
-    ready[r]->cached += 1;
-    sample_into(*ready[r], logits.narrow(0, r, 1));
-  }
+  for (Sequence* sequence : ready) sequence->cached += 1;
+  sample_into(ready, logits);
 }
 
-void ContinuousEngine::sample_into(Sequence& sequence, const torch::Tensor& logits) {
-  const core::GenerationConfig& config = sequence.config;
-  torch::Tensor seen;  // [1, S], read by the repetition penalty only
-  if (config.repetition_penalty != 1.0) seen = torch::tensor(sequence.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);
-  torch::Tensor processed = process_logits(logits, seen, config, sequence.generated());          // [1, V]
-  const int64_t next = select_next_tokens(processed, config, sequence.generator).item<int64_t>();
-  sequence.tokens.push_back(next);
-  ++stats_.generated_tokens;
-  sequence.ended_on_eos = config.eos_token_id && next == *config.eos_token_id;
-  sequence.finished = sequence.ended_on_eos || sequence.generated() >= config.max_new_tokens;
-  step_tokens_.push_back(StepToken{sequence.request, sequence.sample, next, sequence.finished});
+void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, const torch::Tensor& logits) {
+  std::vector<RowSampling> rows;
+  for (Sequence* sequence : sequences) {
+    rows.push_back(RowSampling{&sequence->config, sequence->generated(), &sequence->tokens,
+                               sequence->generator.empty() ? at::Generator() : sequence->generator.front()});
+  }
+  const std::vector<int64_t> next = sample_rows(logits, rows);
+  for (size_t r = 0; r < sequences.size(); ++r) {
+    Sequence& sequence = *sequences[r];
+    const core::GenerationConfig& config = sequence.config;
+    sequence.tokens.push_back(next[r]);
+    ++stats_.generated_tokens;
+    sequence.ended_on_eos = config.eos_token_id && next[r] == *config.eos_token_id;
+    sequence.finished = sequence.ended_on_eos || sequence.generated() >= config.max_new_tokens;
+    step_tokens_.push_back(StepToken{sequence.request, sequence.sample, next[r], sequence.finished});
+  }
 }
 
 void ContinuousEngine::free_blocks(Sequence& sequence) {

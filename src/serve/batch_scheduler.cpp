@@ -40,10 +40,15 @@ BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer toke
                options_.batch_window.count());
   DSCHAT_CHECK(engine_options.max_out_tokens >= 2, InvalidArgument, "max_out_tokens must be at least 2, got ",
                engine_options.max_out_tokens);
-  // The pool holds what the static workspace did: max_batch_rows rows of max_out_tokens tokens.
+  DSCHAT_CHECK(options_.kv_cache_memory >= 0, InvalidArgument, "kv_cache_memory must be >= 0 bytes, got ",
+               options_.kv_cache_memory);
   engine_options_.max_running_sequences = options_.max_batch_rows;
-  engine_options_.num_blocks =
-      options_.max_batch_rows * ((engine_options.max_out_tokens + engine_options_.block_size - 1) / engine_options_.block_size);
+  const int64_t row_blocks = (engine_options.max_out_tokens + engine_options_.block_size - 1) / engine_options_.block_size;
+  if (options_.kv_cache_memory > 0) {
+    engine_options_.kv_cache_memory = options_.kv_cache_memory;
+  } else {  // half the rows at their full context: most answers end long before it
+    engine_options_.num_blocks = std::max<int64_t>(1, options_.max_batch_rows / 2) * row_blocks;
+  }
   engine_ = std::make_unique<inference::ContinuousEngine>(model_, engine_options_);
   rows_ = std::make_unique<RequestRows>(tokenizer_);
   worker_ = std::thread([this] { work(); });

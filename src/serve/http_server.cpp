@@ -114,6 +114,10 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
                options.max_body_bytes);
   State& state = *state_;
   state.options = std::move(options);
+  if (state.options.enable_cuda_graph) {
+    core::log_warn("serve: --cuda-graph has no effect: requests decode through the continuous engine, which does "
+                   "not capture CUDA graphs yet");
+  }
   std::set<std::string> names;
   const int64_t now =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -123,7 +127,6 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
                  "' is given twice; name them apart with --model NAME=DIR");
     inference::InferenceEngineOptions engine;
     engine.max_out_tokens = state.options.max_out_tokens;
-    engine.enable_cuda_graph = state.options.enable_cuda_graph;
     ModelSlot slot;
     slot.name = served.name;
     slot.vocab_size = served.model->config().vocab_size;

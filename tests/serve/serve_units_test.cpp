@@ -158,6 +158,16 @@ TEST(BatchScheduler, FullQueueRefusesAndStopFailsTheWaiting) {
   EXPECT_THROW(scheduler.submit(second), core::InvalidArgument);
 }
 
+TEST(BatchScheduler, AKvPoolBelowOneBlockIsANamedError) {
+  SchedulerOptions options;
+  options.kv_cache_memory = -1;
+  EXPECT_THROW_WITH(BatchScheduler(tiny_model(), gpt2(), {}, options), core::InvalidArgument,
+                    "kv_cache_memory must be >= 0 bytes, got -1");
+  options.kv_cache_memory = 1000;
+  EXPECT_THROW_WITH(BatchScheduler(tiny_model(), gpt2(), {}, options), core::InvalidArgument,
+                    "kv_cache_memory of 1000 bytes is below one block of 16 tokens");
+}
+
 TEST(BatchScheduler, CancelledWhileQueuedNeverRunsAndLengthsArePerRequest) {
   SchedulerOptions options;
   options.batch_window = std::chrono::milliseconds(200);

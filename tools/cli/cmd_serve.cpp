@@ -26,6 +26,7 @@ struct ServeOptions {
   std::vector<std::string> models;  // DIR or NAME=DIR
   std::string tokenizer, dtype = "fp32", device = "auto", chat_template;
   int64_t batch_window_ms = 5;
+  int64_t kv_cache_memory_mib = 0;
   serve::ServerOptions server;
 };
 
@@ -44,6 +45,9 @@ void run_serve(ServeOptions o) {
   }
   DSCHAT_CHECK(o.batch_window_ms >= 0, InvalidArgument, "--batch-window-ms must be >= 0, got ", o.batch_window_ms);
   o.server.scheduler.batch_window = std::chrono::milliseconds(o.batch_window_ms);
+  DSCHAT_CHECK(o.kv_cache_memory_mib >= 0, InvalidArgument, "--kv-cache-memory-mib must be >= 0, got ",
+               o.kv_cache_memory_mib);
+  o.server.scheduler.kv_cache_memory = o.kv_cache_memory_mib << 20;
   const models::LoadOptions load = load_options(o.dtype, "", o.device);
   std::vector<serve::ServedModel> served;
   for (const auto& flag : o.models) {
@@ -97,7 +101,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--max-out-tokens", o->server.max_out_tokens, "Prompt + answer tokens per row (the KV workspace)")
       ->capture_default_str();
-  cmd->add_option("--max-batch-rows", o->server.scheduler.max_batch_rows, "Answers decoded together in one batch")
+  cmd->add_option("--max-batch-rows", o->server.scheduler.max_batch_rows, "Answers decoded together at most")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-memory-mib", o->kv_cache_memory_mib,
+                  "KV block pool per model (0: half of --max-batch-rows rows of --max-out-tokens)")
       ->capture_default_str();
   cmd->add_option("--batch-window-ms", o->batch_window_ms, "How long a request waits for others to batch with")
       ->capture_default_str();
@@ -109,7 +116,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-template", o->chat_template,
                   "'deepspeed' (DeepSpeed-Chat's Human:/Assistant:), a .jinja file or a JSON template file "
                   "(default: the tokenizer directory's Jinja chat template, else DeepSpeed-Chat's)");
-  cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "Capture the decode step as a CUDA graph (CUDA only)");
+  cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "No effect for now (the continuous engine captures no CUDA graphs yet; warns)");
   cmd->add_option("--http-threads", o->server.http_threads, "Connection threads (0: queue + batch + 16 per model)")
       ->capture_default_str();
   cmd->callback([o] { run_serve(*o); });

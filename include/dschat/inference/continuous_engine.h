@@ -143,7 +143,8 @@ class ContinuousEngine {
   bool reserve_decode_slot(Sequence& sequence);
   void preempt(Sequence& victim);
   void decode(std::vector<Sequence*> rows);
-  void sample_into(Sequence& sequence, const torch::Tensor& logits);  // [1, V]
+  /// Draws each sequence's next token from its row of logits [S, V] and records it.
+  void sample_into(const std::vector<Sequence*>& sequences, const torch::Tensor& logits);
   std::vector<SequenceOutput> retire_finished();
   void free_blocks(Sequence& sequence);
   void cancel_where(const std::function<bool(const Sequence&)>& matches);

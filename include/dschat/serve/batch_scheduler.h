@@ -14,8 +14,10 @@
 //   seed and its choice index (request_rows.h), so a seeded request's answer does not depend on
 //   what it ran beside (up to the last bits of the batched matmuls), and its answers stream back
 //   as they are decoded.
-// - The KV cache is a pool of 16-token blocks holding max_batch_rows rows of max_out_tokens
-//   (the bytes the static workspace took); rows take blocks as they grow and free them at once.
+// - The KV cache is a pool of 16-token blocks (kv_cache_memory; by default half of max_batch_rows
+//   rows of max_out_tokens: few rows use their whole context); rows take blocks as they grow and
+//   free them at once, and a row that finds none free preempts the latest admitted one, which
+//   is recomputed when rows free up.
 // - A cancelled request (its client went away) ends its rows at the next step; one still queued
 //   is dropped before it reaches the engine. Beyond max_queue waiting requests, submit() throws
 //   QueueFull: memory stays bounded by max_queue requests and the pool.
@@ -41,7 +43,9 @@ namespace serve {
 class RequestRows;  // private (src/serve/request_rows.h)
 
 struct SchedulerOptions {
-  int64_t max_batch_rows = 32;                  // rows (prompts x n) decoded together at most
+  int64_t max_batch_rows = 64;                  // rows (prompts x n) decoded together at most
+  int64_t kv_cache_memory = 0;                  // bytes of the KV block pool; 0: half of
+                                                // max_batch_rows full rows (max_out_tokens each)
   std::chrono::milliseconds batch_window{5};    // how long a request arriving at an idle engine waits for company
   int64_t max_queue = 64;                       // requests waiting beyond the running batch
 };

@@ -46,7 +46,7 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   int64_t default_max_tokens = 16;       // OpenAI's completions default
   int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
-  bool enable_cuda_graph = false;
+  bool enable_cuda_graph = false;         // no effect (logged): the continuous engine captures no graphs yet
   SchedulerOptions scheduler;
   ChatTemplate chat_template;            // for the models that bring none (select_chat_template)
   int http_threads = 0;                  // 0: enough for every queued and running request, plus 16
