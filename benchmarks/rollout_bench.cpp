@@ -1,22 +1,26 @@
 // RLVR-shaped rollouts on the CPU, side by side in one command: --prompts prompts x --samples
 // answers each (GRPO's n), answer lengths drawn from a skewed distribution (with probability
 // --long-share uniform in (--short-max, --long-max], else uniform in [1, --short-max]; seeded),
-// dschat's InferenceEngine against transformers' generate on the same random checkpoint (a
-// preset's shape, N(0, 0.02), saved as safetensors) and the same prompts.
+// through dschat's ContinuousEngine, dschat's InferenceEngine and transformers' generate on the
+// same random checkpoint (a preset's shape, N(0, 0.02), saved as safetensors) and prompts.
 //
-// Both engines batch statically today: a call's rows all run until its longest answer ends (rows
-// that ended keep computing). So each call of --prompts-per-call prompts (x --samples rows,
-// one prefill per prompt) generates exactly the longest drawn length of its rows (min_new_tokens
-// = max_new_tokens), sampling (temperature 1, no top-k/top-p); what it costs is what a run forcing
-// EOS at the drawn positions would cost. Reported: wall time over all calls, useful tokens/s (the
-// drawn lengths summed) and computed tokens/s (rows x steps), and dschat's KV workspace per useful
-// token (layers x 2 x rows x H_kv x (prompt + --long-max) x D x 4 bytes, the engine's reservation,
-// over the call's useful tokens; the largest call's). One untimed 2-token call of the first
-// call's prompts warms each side up. The baseline for issue 40's continuous batching, which
-// should make useful ≈ computed.
+// The static engines batch a call's rows until its longest answer ends (rows that ended keep
+// computing). So each call of --prompts-per-call prompts (x --samples rows, one prefill per
+// prompt) generates exactly the longest drawn length of its rows (min_new_tokens =
+// max_new_tokens), sampling (temperature 1, no top-k/top-p); what it costs is what a run forcing
+// EOS at the drawn positions would cost. The continuous engine gets every prompt at once, each
+// sample stopped at its own drawn length (SampleOptions::max_new_tokens, min_new_tokens equal),
+// --max-running rows per step and a --kv-memory-mib pool of --block-size blocks. Reported: wall
+// time, useful tokens/s (the drawn lengths summed) and computed tokens/s (rows x steps; for the
+// continuous engine the same as useful), the static KV workspace per useful token (layers x 2 x
+// rows x H_kv x (prompt + --long-max) x D x 4 bytes, the engine's reservation, over a call's useful
+// tokens) and the continuous engine's pool, peak blocks held and bytes per token; its steps,
+// decode rows, prefills, preemptions and copy-on-write copies. One untimed short call warms
+// each side up.
 //
 //   dschat_rollout_bench [--preset opt-125m] [--prompts 64] [--samples 8] [--prompts-per-call 8]
 //       [--prompt 32] [--short-max 16] [--long-max 256] [--long-share 0.1] [--threads 2] [--seed 1234]
+//       [--kv-memory-mib 256] [--max-running 8] [--block-size 16]
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
