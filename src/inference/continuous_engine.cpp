@@ -280,6 +280,7 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
     last.push_back(sequence->tokens.back());
   }
   PagedKvCache cache(*pool_, table, 1);
+  cache.gather_for_attention = options_.gather_for_attention;
   torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
   torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]

@@ -1,6 +1,7 @@
 #include "dschat/inference/paged_kv_cache.h"
 
 #include "dschat/core/error.h"
+#include "dschat/ops/paged_decode_attention.h"
 
 namespace dschat {
 namespace inference {
@@ -32,6 +33,7 @@ PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int6
       mask.push_back(real ? 1 : 0);
     }
     for (int64_t t = 0; t < new_tokens; ++t) writes.push_back(slot(row.cached + t));
+    lengths_.push_back(row.cached + new_tokens);
   }
   const torch::Device device = pool.storage().device();
   auto to_tensor = [&](std::vector<int64_t>& host) {
@@ -40,6 +42,16 @@ PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int6
   write_slots_ = to_tensor(writes);                  // [B * T]
   read_slots_ = to_tensor(reads);                    // [B * (W + T)]
   mask_ = to_tensor(mask).view({batch_, frame});     // [B, W + T]
+}
+
+torch::Tensor PagedKvCache::attend_decode_step(int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v, double scale) {
+  if (gather_for_attention || new_tokens_ != 1) return {};
+  const int64_t heads = k.size(1), dim = k.size(3);
+  torch::Tensor keys = pool_->keys(layer), values = pool_->values(layer);  // [N * block_size, H_kv * D]
+  keys.index_copy_(0, write_slots_, k.transpose(1, 2).reshape({batch_, heads * dim}));
+  values.index_copy_(0, write_slots_, v.transpose(1, 2).reshape({batch_, heads * dim}));
+  return ops::paged_decode_attention(q, keys, values, read_slots_.view({batch_, width_ + 1}), lengths_, scale);
 }
 
 std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, const torch::Tensor& k,

@@ -160,28 +160,35 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   k = k.transpose(1, 2);                                                                        // [B, Hkv, T, D]
   torch::Tensor v = v_proj(x).view({batch, steps, options.num_kv_heads(), d}).transpose(1, 2);  // [B, Hkv, T, D]
   if (inputs.cos.defined()) std::tie(q, k) = rotate(q, k, inputs, inference);
-  if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, Hkv, S, D] each
   const double score_scale = options.scale_query() || !options.scaled() ? 1.0 : scale;
   // A sliding-window layer whose window is shorter than the keys masks with its own bias.
   const bool windowed = options.sliding_window() && inputs.window_bias.defined();
   const torch::Tensor& mask_bias = windowed ? inputs.window_bias : inputs.bias;
   const bool decode_op_fits = !windowed && !inputs.bias_carries_scores;
   torch::Tensor out;  // [B, T, H * D]
-  // A padded batch needs the key mask: one built by hand with only `bias` takes the SDPA path.
-  if (inference && steps == 1 && decode_op_fits && (inputs.attention_mask.defined() || !inputs.bias.defined())) {
-    out = ops::decode_attention(q, k, v, inputs.attention_mask, k.size(2), score_scale)  // [B, H, 1, D]
-              .reshape({batch, 1, options.num_heads() * d});
+  if (cache != nullptr && inference && steps == 1 && decode_op_fits) {
+    out = cache->attend_decode_step(layer, q, k, v, score_scale);  // [B, H, 1, D] or undefined
+  }
+  if (out.defined()) {  // the cache attended in place (the paged cache: no gathered copy)
+    out = out.reshape({batch, 1, options.num_heads() * d});
   } else {
-    // Grouped-query attention: each KV head serves H / H_kv query heads. SDPA groups them itself
-    // (enable_gqa; the same head h -> h / (H / H_kv) mapping as repeat_interleave, with forward
-    // outputs bitwise equal on the CPU), so k and v are not materialised H / H_kv times.
-    const bool grouped = options.num_heads() != options.num_kv_heads();
-    double dropout = is_training() ? options.dropout() : 0.0;
-    std::optional<torch::Tensor> bias;
-    if (mask_bias.defined()) bias = mask_bias.to(q.scalar_type());
-    out = at::scaled_dot_product_attention(q, k, v, bias, dropout, !windowed && inputs.is_causal, score_scale,
-                                           /*enable_gqa=*/grouped);  // [B, H, T, D]
-    out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});                    // [B, T, H * D]
+    if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);  // [B, Hkv, S, D] each
+    // A padded batch needs the key mask: one built by hand with only `bias` takes the SDPA path.
+    if (inference && steps == 1 && decode_op_fits && (inputs.attention_mask.defined() || !inputs.bias.defined())) {
+      out = ops::decode_attention(q, k, v, inputs.attention_mask, k.size(2), score_scale)  // [B, H, 1, D]
+                .reshape({batch, 1, options.num_heads() * d});
+    } else {
+      // Grouped-query attention: each KV head serves H / H_kv query heads. SDPA groups them itself
+      // (enable_gqa; the same head h -> h / (H / H_kv) mapping as repeat_interleave, with forward
+      // outputs bitwise equal on the CPU), so k and v are not materialised H / H_kv times.
+      const bool grouped = options.num_heads() != options.num_kv_heads();
+      double dropout = is_training() ? options.dropout() : 0.0;
+      std::optional<torch::Tensor> bias;
+      if (mask_bias.defined()) bias = mask_bias.to(q.scalar_type());
+      out = at::scaled_dot_product_attention(q, k, v, bias, dropout, !windowed && inputs.is_causal, score_scale,
+                                             /*enable_gqa=*/grouped);  // [B, H, T, D]
+      out = out.transpose(1, 2).reshape({batch, steps, options.num_heads() * d});  // [B, T, H * D]
+    }
   }
   if (inputs.tensor_parallel != nullptr) {
     return row_parallel_linear(*o_proj, out, *inputs.tensor_parallel, deferred_bias);  // [B, T, hidden]

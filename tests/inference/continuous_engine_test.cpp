@@ -134,14 +134,18 @@ TEST_P(ContinuousEngineOnFixtures, GreedyIdsEqualTheInferenceEngine) {
   config.eos_token_id = expected.sequences[0][p.ids.size(1) + 1].item<int64_t>();
   config.pad_token_id = 1;
   expected = reference(config);
-  ContinuousEngineOptions options;
-  options.block_size = 4;
-  ContinuousEngine engine(model, options);
-  GenerationResult got = engine.generate(p.ids, p.mask, config);
-  EXPECT_TRUE(torch::equal(got.sequences, expected.sequences)) << got.sequences << "\nexpected\n" << expected.sequences;
-  EXPECT_TRUE(torch::equal(got.attention_mask, expected.attention_mask));
-  EXPECT_EQ(engine.pool().free_blocks(), engine.pool().num_blocks());  // every block back
-  EXPECT_EQ(engine.stats().prefill_forwards, p.ids.size(0));
+  for (const bool gather : {false, true}) {  // attention in place through the tables, or the gathered copy
+    ContinuousEngineOptions options;
+    options.block_size = 4;
+    options.gather_for_attention = gather;
+    ContinuousEngine engine(model, options);
+    GenerationResult got = engine.generate(p.ids, p.mask, config);
+    EXPECT_TRUE(torch::equal(got.sequences, expected.sequences))
+        << (gather ? "gathered" : "in place") << "\n" << got.sequences << "\nexpected\n" << expected.sequences;
+    EXPECT_TRUE(torch::equal(got.attention_mask, expected.attention_mask));
+    EXPECT_EQ(engine.pool().free_blocks(), engine.pool().num_blocks());  // every block back
+    EXPECT_EQ(engine.stats().prefill_forwards, p.ids.size(0));
+  }
 }
 
 TEST_P(ContinuousEngineOnFixtures, SeededSamplesEqualTheInferenceEngineForNSamplesPerPrompt) {

@@ -33,7 +33,7 @@
 // return the same ids (tests/inference/continuous_engine_test.cpp).
 //
 // Not yet: chunked prefill of one prompt across steps, prefix caching across requests, a CUDA
-// paged decode-attention kernel (a CUDA device runs the same gather path), tensor-parallel shards,
+// paged decode-attention kernel (a CUDA device runs the gathering reference), tensor-parallel shards,
 // lockstep across ranks, step hooks (dschat serve). Not thread-safe.
 
 #include <torch/torch.h>
@@ -58,6 +58,8 @@ struct ContinuousEngineOptions {
   int64_t num_blocks = 0;              // > 0: exactly this many blocks (tests force preemption)
   int64_t max_running_sequences = 8;   // rows of one decode step (<= 8: the CPU's batch-invariant kernel)
   int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (the first admission may exceed it)
+  bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
+                                       // path) instead of attending in place (ops::paged_decode_attention)
 };
 
 /// Per-sample settings of one submit() (empty: the defaults).

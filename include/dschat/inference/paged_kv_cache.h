@@ -37,6 +37,13 @@ class PagedKvCache : public nn::KvCache {
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) override;
   /// The rows' lengths are the caller's (each sequence advances its own): nothing to do.
   void commit(int64_t) override {}
+  /// A decode step (T = 1) attends through the block tables in place (ops::paged_decode_attention):
+  /// stores k, v [B, H_kv, 1, D] and returns attention(q) [B, H, 1, D]. With
+  /// gather_for_attention set it returns undefined (append() then gathers; the reference path).
+  torch::Tensor attend_decode_step(int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v, double scale) override;
+  /// Take the gathered reference path for decode steps too (tests compare both).
+  bool gather_for_attention = false;
 
   /// The forward's attention mask [B, W + T] int64 on the pool's device (left-padded frame).
   const torch::Tensor& attention_mask() const { return mask_; }
@@ -47,6 +54,7 @@ class PagedKvCache : public nn::KvCache {
   torch::Tensor write_slots_;  // [B * T] pool slots of the new tokens, row-major
   torch::Tensor read_slots_;   // [B * (W + T)] pool slot of every frame column, row-major
   torch::Tensor mask_;         // [B, W + T]
+  std::vector<int64_t> lengths_;  // [B] each row's cached + new tokens
 };
 
 }  // namespace inference

@@ -24,6 +24,17 @@ class KvCache {
 
   /// Called by the model after all layers ran: the new tokens now count as cached.
   virtual void commit(int64_t new_tokens) = 0;
+
+  /// A single-token step's attention computed by the cache itself, reading its own storage in
+  /// place (the paged cache: through its block tables, no gathered copy). Stores k, v as append()
+  /// would and returns softmax(q k^T * scale) v over every cached key of each row plus the new
+  /// one: q [B, H, 1, D], k, v [B, H_kv, 1, D] -> [B, H, 1, D]. Undefined (nothing stored) when
+  /// the cache does not do this; the caller then appends and attends itself. Only called for
+  /// plain causal attention (no ALiBi, no sliding window).
+  virtual torch::Tensor attend_decode_step(int64_t /*layer*/, const torch::Tensor& /*q*/, const torch::Tensor& /*k*/,
+                                           const torch::Tensor& /*v*/, double /*scale*/) {
+    return {};
+  }
 };
 
 }  // namespace nn
