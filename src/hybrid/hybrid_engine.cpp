@@ -48,6 +48,10 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
   inference_options.enable_cuda_graph = he.enable_cuda_graph;
   // Data-parallel ranks generate their own prompts; under ZeRO-3 every forward is collective,
   // so a rank that finished early keeps stepping. A TP group shares one batch: no lockstep.
+  const bool stage3_ranks = world > 1 && options_.training.config.zero.stage == 3;
+  DSCHAT_CHECK(!he.continuous_batching || (he.inference_tp_size == 1 && !stage3_ranks && !he.enable_cuda_graph),
+               ConfigError, "hybrid_engine.continuous_batching generates one rank's rows alone: it does not work with "
+               "inference_tp_size > 1, ZeRO-3 across ranks (collective forwards) or enable_cuda_graph yet");
   if (world > 1 && he.inference_tp_size == 1) inference_options.lockstep = training_->communicator();
   inference_ = std::make_unique<inference::InferenceEngine>(actor_, inference_options);
   training_start_ = Clock::now();
@@ -158,7 +162,8 @@ models::CausalLM HybridEngine::inference_model() {
 }
 
 int64_t HybridEngine::inference_bytes() const {
-  return inference_->workspace_bytes() + (weights_ ? weights_->copied_bytes() : 0);
+  return inference_->workspace_bytes() + (continuous_ ? continuous_->pool().bytes() : 0) +
+         (weights_ ? weights_->copied_bytes() : 0);
 }
 
 void HybridEngine::run_self_check(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
@@ -193,12 +198,40 @@ inference::GenerationResult HybridEngine::generate(const torch::Tensor& prompt_i
     config.num_return_sequences = 1;
     result = generate_tensor_parallel(input_ids, attention_mask, config);
   } else {
-    // n answers per prompt from one prefill of each prompt (the inference engine shares its KV).
+    // n answers per prompt from one prefill of each prompt (either engine shares its KV).
     if (self_check_pending_) run_self_check(prompt_ids, prompt_mask);
+    if (he_config().continuous_batching) {
+      result = generate_continuous(prompt_ids, prompt_mask, requested);  // [B * n, T + N]
+      generate_seconds_ += seconds_between(start, Clock::now());
+      return result;
+    }
     result = inference_->generate(prompt_ids, prompt_mask, requested);  // [B * n, T + N]
   }
   stats_.generation = inference_->last_stats();
   generate_seconds_ += seconds_between(start, Clock::now());
+  return result;
+}
+
+inference::GenerationResult HybridEngine::generate_continuous(const torch::Tensor& prompt_ids,
+                                                              const torch::Tensor& prompt_mask,
+                                                              const core::GenerationConfig& config) {
+  const engine::HybridEngineConfig& he = he_config();
+  models::CausalLM model = weights_->model();  // the generation weights (borrowed, cast or fused)
+  if (!continuous_) {
+    inference::ContinuousEngineOptions options;
+    options.max_running_sequences = he.max_running_sequences;
+    if (he.kv_cache_memory_mib > 0) {
+      options.kv_cache_memory = he.kv_cache_memory_mib << 20;
+    } else {
+      options.num_blocks = he.max_running_sequences * ((he.max_out_tokens + options.block_size - 1) / options.block_size);
+    }
+    continuous_ = std::make_unique<inference::ContinuousEngine>(model, options);
+  } else {
+    continuous_->set_model(model);
+  }
+  inference::GenerationResult result = continuous_->generate(prompt_ids, prompt_mask, config);
+  stats_.generation = continuous_->last_stats();
+  if (he.release_inference_cache) continuous_.reset();  // its pool goes; the next call takes it again
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include "dschat/inference/continuous_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "dschat/core/error.h"
@@ -35,21 +36,35 @@ int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_
 
 }  // namespace
 
-ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options)
-    : model_(std::move(model)), options_(options) {
-  DSCHAT_CHECK(!model_.is_empty(), InvalidArgument, "continuous engine: no model given");
+ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options) : options_(options) {
   DSCHAT_CHECK(options_.block_size >= 1 && options_.max_running_sequences >= 1 && options_.max_prefill_tokens >= 1,
                InvalidArgument, "continuous engine: block_size (", options_.block_size, "), max_running_sequences (",
                options_.max_running_sequences, ") and max_prefill_tokens (", options_.max_prefill_tokens,
                ") must be positive");
-  DSCHAT_CHECK(model_->backbone().tensor_parallel_group() == nullptr, Unsupported,
+  set_model(std::move(model));
+}
+
+void ContinuousEngine::set_model(models::CausalLM model) {
+  DSCHAT_CHECK(!model.is_empty(), InvalidArgument, "continuous engine: no model given");
+  DSCHAT_CHECK(model->backbone().tensor_parallel_group() == nullptr, Unsupported,
                "continuous engine: tensor-parallel shards are not supported yet; use InferenceEngine");
+  DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: set_model() needs an idle engine");
+  model_ = std::move(model);
   const torch::Tensor first = model_->parameters().front();  // a copy: parameters() is a temporary
   const core::ModelConfig& config = model_->config();
+  parameters_ = 0;
+  for (const auto& p : model_->parameters()) parameters_ += p.numel();
+  const torch::Tensor& storage = pool_ ? pool_->storage() : torch::Tensor();
+  if (pool_ && storage.size(0) == config.num_hidden_layers && storage.size(4) == config.num_key_value_heads &&
+      storage.size(5) == config.head_dim && storage.scalar_type() == first.scalar_type() &&
+      storage.device() == first.device()) {
+    return;  // the pool fits the new model as it is
+  }
   const int64_t blocks = options_.num_blocks > 0
                              ? options_.num_blocks
                              : KvBlockPool::blocks_for_memory(config, options_.block_size, first.scalar_type(),
                                                               options_.kv_cache_memory);
+  pool_.reset();  // the old pool goes first: the two never coexist
   pool_ = std::make_unique<KvBlockPool>(config, blocks, options_.block_size, first.scalar_type(), first.device());
 }
 
@@ -352,12 +367,26 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   }
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
   int64_t longest = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t forwards_before = stats_.prefill_forwards + stats_.decode_forwards;
   while (has_work()) {
     for (SequenceOutput& done : step()) {
       longest = std::max(longest, static_cast<int64_t>(done.generated.size()));
       answers[{done.request - (next_request_ - prompts), done.sample}] = std::move(done.generated);
     }
   }
+  GenerationStats& g = generation_stats_;
+  g = GenerationStats{};
+  g.batch = prompts * n;
+  g.prefill_rows = prompts;
+  g.prompt_tokens = width;
+  g.new_tokens = longest;
+  g.forward_steps = stats_.prefill_forwards + stats_.decode_forwards - forwards_before;
+  g.latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g.parameters = parameters_;
+  g.bytes_per_parameter = static_cast<int64_t>(pool_->storage().element_size());
+  const core::ModelConfig& model_config = model_->config();
+  finish_generation_stats(g, model_config.num_hidden_layers, model_config.hidden_size, model_config.vocab_size);
   const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
   const GenerationResult repeated = repeat_for_return_sequences(ids, mask, n);
   torch::Tensor sequences = torch::full({prompts * n, width + longest}, pad, torch::kInt64);  // [B * n, T + N]

@@ -25,6 +25,7 @@ struct EngineSetup {
   int stage = 0;
   bool pin = true;
   bool release_cache = true;
+  bool continuous = false;
   std::optional<torch::ScalarType> inference_dtype;
   bool self_check = true;
   EngineSetup& with_stage(int value, bool pinned = true) {
@@ -38,6 +39,10 @@ struct EngineSetup {
   }
   EngineSetup& with_release(bool value) {
     release_cache = value;
+    return *this;
+  }
+  EngineSetup& with_continuous_batching() {
+    continuous = true;
     return *this;
   }
   EngineSetup& without_self_check() {
@@ -70,6 +75,7 @@ hybrid::HybridEngineOptions options_for(const EngineSetup& setup) {
                         {{"enabled", true},
                          {"max_out_tokens", 48},
                          {"release_inference_cache", setup.release_cache},
+                         {"continuous_batching", setup.continuous},
                          {"pin_parameters", setup.pin}}}};
   hybrid::HybridEngineOptions options;
   options.training.config = engine::DeepSpeedConfig::parse(ds, 1, "hybrid test");
@@ -248,6 +254,40 @@ TEST_P(HybridEngineFixtures, ReturnSequencesShareOnePrefillAndEqualRepeatedPromp
   }
 }
 
+TEST_P(HybridEngineFixtures, ContinuousBatchingGeneratesTheStaticEnginesIdsBeforeAndAfterAStep) {
+  // hybrid_engine.continuous_batching: generate() runs the ContinuousEngine over the generation
+  // weights (borrowed fp32, or the bf16 copy); greedy and seeded n = 3 sampling give the ids of
+  // the static InferenceEngine, also after a training step re-bound the weights.
+  for (const std::optional<torch::ScalarType> dtype : {std::optional<torch::ScalarType>(), std::optional(torch::kBFloat16)}) {
+    auto static_actor = load_actor(GetParam(), false), continuous_actor = load_actor(GetParam(), false);
+    hybrid::HybridEngine fixed(static_actor, options_for(EngineSetup().with_dtype(dtype.value_or(torch::kFloat32))));
+    hybrid::HybridEngine continuous(
+        continuous_actor,
+        options_for(EngineSetup().with_dtype(dtype.value_or(torch::kFloat32)).with_release(false).with_continuous_batching()));
+    const Prompts p = prompts(static_actor->config().vocab_size);
+    for (int round = 0; round < 2; ++round) {
+      for (const bool sample : {false, true}) {
+        core::GenerationConfig config = greedy();
+        config.do_sample = sample;
+        config.num_return_sequences = sample ? 3 : 1;
+        const std::string what = std::string(dtype ? "bf16" : "fp32") + (sample ? ", sampled" : ", greedy") +
+                                 ", round " + std::to_string(round);
+        auto want = fixed.generate(p.ids, p.mask, config);
+        auto got = continuous.generate(p.ids, p.mask, config);
+        EXPECT_TRUE(torch::equal(got.sequences, want.sequences)) << what << "\n" << got.sequences << "\nstatic\n"
+                                                                 << want.sequences;
+        EXPECT_TRUE(torch::equal(got.attention_mask, want.attention_mask)) << what;
+        EXPECT_EQ(continuous.last_stats().generation.batch, p.ids.size(0) * config.num_return_sequences) << what;
+        EXPECT_EQ(continuous.last_stats().generation.prefill_rows, p.ids.size(0)) << what;
+        EXPECT_GT(continuous.last_stats().generation.tokens_per_s, 0.0) << what;
+        EXPECT_GT(continuous.inference_bytes(), 0) << what << ": the block pool is counted";
+      }
+      train_step(fixed, static_actor->config().vocab_size);
+      train_step(continuous, continuous_actor->config().vocab_size);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, HybridEngineFixtures, ::testing::Values("opt-preln", "llama-gqa"),
                          testing::FixtureName());
 
@@ -292,6 +332,24 @@ int64_t resident_bytes() {
   int64_t pages = 0, resident = 0;
   statm >> pages >> resident;
   return resident * 4096;
+}
+
+TEST(HybridEngine, ContinuousBatchingReleasesItsPoolAndRefusesWhatItCannotDo) {
+  auto actor = load_actor("opt-preln", false);
+  hybrid::HybridEngine release(actor, options_for(EngineSetup().with_release(true).with_continuous_batching()));
+  const Prompts p = prompts(actor->config().vocab_size);
+  auto first = release.generate(p.ids, p.mask, greedy());
+  EXPECT_EQ(release.inference_bytes(), 0) << "release_inference_cache frees the block pool after every generate";
+  EXPECT_TRUE(torch::equal(first.sequences, release.generate(p.ids, p.mask, greedy()).sequences));
+  nlohmann::json ds = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 1},
+                       {"train_batch_size", 2}, {"hybrid_engine", {{"continuous_batching", true}, {"enable_cuda_graph", true}}}};
+  hybrid::HybridEngineOptions options;
+  options.training.config = engine::DeepSpeedConfig::parse(ds, 1, "hybrid test");
+  EXPECT_THROW_WITH(hybrid::HybridEngine(load_actor("opt-preln", false), options), core::ConfigError,
+                    "continuous_batching generates one rank's rows alone");
+  ds["hybrid_engine"] = {{"kv_cache_memory_mib", -1}};
+  EXPECT_THROW_WITH(engine::DeepSpeedConfig::parse(ds, 1, "hybrid test"), core::ConfigError,
+                    "kv_cache_memory_mib must be >= 0 and max_running_sequences >= 1, got -1");
 }
 
 TEST(HybridEngine, HundredSwitchesLeaveMemoryFlat) {

@@ -439,5 +439,27 @@ TEST(PipelineConfig, EnableCudaGraphReachesTheHybridEngineConfig) {
   }
 }
 
+// Ours: continuous_batching and its pool and rows reach the actor's hybrid_engine DeepSpeed
+// config for PPO and the critic-free steps; a negative pool is a named error.
+TEST(PipelineConfig, ContinuousBatchingReachesTheHybridEngineConfig) {
+  EXPECT_FALSE(rlhf::parse_ppo_config(json::object(), "t").continuous_batching);
+  const rlhf::PpoConfig ppo = rlhf::parse_ppo_config(
+      {{"continuous_batching", true}, {"kv_cache_memory_mib", 64}, {"max_running_sequences", 4}}, "t");
+  EXPECT_TRUE(ppo.continuous_batching);
+  const rlhf::GrpoConfig grpo = rlhf::parse_grpo_config({{"continuous_batching", true}}, "t");
+  EXPECT_TRUE(static_cast<const rlhf::PolicyStepConfig&>(grpo).continuous_batching);
+  EXPECT_THROW_WITH(rlhf::parse_ppo_config({{"kv_cache_memory_mib", -1}}, "t"), core::ConfigError,
+                    "kv_cache_memory_mib");
+  engine::HybridEngineConfig hybrid;
+  hybrid.enabled = true;
+  hybrid.continuous_batching = ppo.continuous_batching;
+  hybrid.kv_cache_memory_mib = ppo.kv_cache_memory_mib;
+  hybrid.max_running_sequences = ppo.max_running_sequences;
+  const engine::DeepSpeedConfig ds = rlhf::train_ds_config(ppo.common, 0, 4, 1, 1, "t", &hybrid);
+  EXPECT_TRUE(ds.hybrid_engine.continuous_batching);
+  EXPECT_EQ(ds.hybrid_engine.kv_cache_memory_mib, 64);
+  EXPECT_EQ(ds.hybrid_engine.max_running_sequences, 4);
+}
+
 }  // namespace
 }  // namespace dschat

@@ -64,6 +64,12 @@ struct HybridEngineConfig {
   bool pin_parameters = true;
   int64_t tp_gather_partition_size = 8;
   bool enable_cuda_graph = false;  // ours (DeepSpeed's Hybrid Engine has none): decode step as a CUDA graph
+  // Ours: generate through inference::ContinuousEngine (paged KV, iteration-level batching) instead
+  // of the static InferenceEngine. One rank's rows only: not with inference_tp_size > 1 or ZeRO-3
+  // across ranks (lockstep), not with CUDA graphs.
+  bool continuous_batching = false;
+  int64_t kv_cache_memory_mib = 0;     // its block pool; 0: max_running_sequences rows of max_out_tokens
+  int64_t max_running_sequences = 8;   // its rows per decode step
 };
 
 struct TensorboardConfig {

@@ -32,6 +32,7 @@
 #include "dschat/engine/training_engine.h"
 #include "dschat/hybrid/lora_fuse_backup.h"
 #include "dschat/inference/generate.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/causal_lm.h"
 
@@ -102,6 +103,9 @@ class HybridEngine {
  private:
   void require_training_mode(const char* call) const;
   void log_iteration_line();
+  const engine::HybridEngineConfig& he_config() const { return options_.training.config.hybrid_engine; }
+  inference::GenerationResult generate_continuous(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                                  const core::GenerationConfig& config);
   inference::GenerationResult generate_tensor_parallel(const torch::Tensor& input_ids,
                                                        const torch::Tensor& attention_mask,
                                                        const core::GenerationConfig& config);
@@ -111,6 +115,7 @@ class HybridEngine {
   HybridEngineOptions options_;
   std::unique_ptr<engine::TrainingEngine> training_;
   std::unique_ptr<inference::InferenceEngine> inference_;
+  std::unique_ptr<inference::ContinuousEngine> continuous_;  // hybrid_engine.continuous_batching: made on first use
   std::unique_ptr<GenerationModel> generation_model_;  // a cast copy / TP shard, built at the first eval()
   std::unique_ptr<InferenceWeights> weights_;          // non-null in eval mode
   bool saved_checkpointing_ = false;

@@ -46,6 +46,7 @@
 
 #include "dschat/core/generation_config.h"
 #include "dschat/inference/generate.h"
+#include "dschat/inference/generation_stats.h"
 #include "dschat/inference/kv_block_pool.h"
 #include "dschat/models/causal_lm.h"
 
@@ -134,6 +135,14 @@ class ContinuousEngine {
   GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                             const core::GenerationConfig& config);
 
+  /// Swaps in another model of the same shape (the hybrid engine's generation weights after a
+  /// training step); the pool is kept when the model's layers, heads, dtype and device match it,
+  /// else taken afresh. Needs an idle engine.
+  void set_model(models::CausalLM model);
+  /// DeepSpeed-Chat's generation figures of the last generate() call (its prefill_s is 0: the
+  /// prefills interleave with decode steps).
+  const GenerationStats& last_stats() const { return generation_stats_; }
+
   const KvBlockPool& pool() const { return *pool_; }
   const ContinuousStats& stats() const { return stats_; }
   const ContinuousEngineOptions& options() const { return options_; }
@@ -159,9 +168,11 @@ class ContinuousEngine {
   std::deque<std::vector<std::unique_ptr<Sequence>>> waiting_;  // groups: a request's n samples, or one preempted
   std::vector<std::unique_ptr<Sequence>> running_;              // in admission order
   int64_t next_request_ = 0;
+  int64_t parameters_ = 0;  // elements of model_'s parameters (the generation statistics)
   int64_t admissions_ = 0;  // admission counter: the latest admitted is preempted first
   ContinuousStats stats_;
   std::vector<StepToken> step_tokens_;
+  GenerationStats generation_stats_;
 };
 
 }  // namespace inference

@@ -114,6 +114,9 @@ RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_ite
   hybrid.pin_parameters = !config.unpin_actor_parameters;
   hybrid.tp_gather_partition_size = config.tp_gather_partition_size;
   hybrid.enable_cuda_graph = config.enable_cuda_graph;
+  hybrid.continuous_batching = config.continuous_batching;
+  hybrid.kv_cache_memory_mib = config.kv_cache_memory_mib;
+  hybrid.max_running_sequences = config.max_running_sequences;
   hybrid::HybridEngineOptions actor_options;
   actor_options.lora_fuse_backup = config.lora_fuse_backup;
   actor_options.training = training_engine_options(

@@ -87,7 +87,10 @@ engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero
                            {"release_inference_cache", hybrid->release_inference_cache},
                            {"pin_parameters", hybrid->pin_parameters},
                            {"tp_gather_partition_size", hybrid->tp_gather_partition_size},
-                           {"enable_cuda_graph", hybrid->enable_cuda_graph}};
+                           {"enable_cuda_graph", hybrid->enable_cuda_graph},
+                           {"continuous_batching", hybrid->continuous_batching},
+                           {"kv_cache_memory_mib", hybrid->kv_cache_memory_mib},
+                           {"max_running_sequences", hybrid->max_running_sequences}};
   }
   return engine::DeepSpeedConfig::parse(ds, world_size, where + " (DeepSpeed config)");
 }

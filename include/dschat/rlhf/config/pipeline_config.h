@@ -201,6 +201,11 @@ struct PolicyStepConfig {
   /// Ours: the hybrid engine's decode step as a CUDA graph (engine::HybridEngineConfig); off
   /// until measured on a GPU for this step (docs/config.md).
   bool enable_cuda_graph = false;
+  /// Ours: generate experience through the ContinuousEngine (paged KV cache, iteration-level
+  /// batching) with this pool and rows per step (engine::HybridEngineConfig).
+  bool continuous_batching = false;
+  int64_t kv_cache_memory_mib = 0;
+  int64_t max_running_sequences = 8;
   bool offload_reference_model = false;
   bool enable_ema = false;
   /// Ours: where fusing LoRA for generation keeps the unfused weights: auto | device | host
