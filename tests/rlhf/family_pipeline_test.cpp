@@ -72,8 +72,10 @@ json family_blocks(const fs::path& model) {
             {"checkpoint_interval", 1},
             {"actor_learning_rate", 1e-3},
             {"num_warmup_steps", 0},
-            // A random model's answers all fail the task; the format reward gives groups a spread.
-            {"rewards", json::array({{{"type", "demo_task"}}, {{"type", "regex"}, {"pattern", "[a-z0-9]+"}, {"weight", 0.1}}})}}}};
+            // A random model's answers all fail the task; the format reward gives groups a spread:
+            // an "e" anywhere in the answer, which random tokens contain about half the time (a
+            // rarer event left whether GRPO trained at all to the sampling seed).
+            {"rewards", json::array({{{"type", "demo_task"}}, {{"type", "regex"}, {"pattern", "[^]*e[^]*"}, {"weight", 0.1}}})}}}};
 }
 
 std::string train_command(const fs::path& config) {

@@ -28,6 +28,12 @@ using nlohmann::json;
 std::string cli() { return DSCHAT_CLI_PATH; }
 
 // Six steps of 4 prompts (24 prompts: a fifth of the tiny data as phase 3) with 4 answers each.
+// The tiny actor's answers are near-uniform random tokens: a reward that random text earns only
+// rarely (a whole answer of [a-z0-9]) leaves most groups with equal rewards, so whether anything
+// trains would hang on the sampling seed. An "e" somewhere in 4 random GPT-2 tokens is a coin
+// flip-like event: most groups of 4 get different rewards.
+constexpr const char* kFrequentPattern = "[^]*e[^]*";
+
 json grpo_blocks(const std::string& pipeline, json step) {
   json base = {{"num_train_epochs", 1},
                {"data", {{"data_split", "4,4,2"}}},
@@ -37,7 +43,7 @@ json grpo_blocks(const std::string& pipeline, json step) {
                {"checkpoint_interval", 1},
                {"actor_learning_rate", 1e-3},
                {"num_warmup_steps", 0},
-               {"rewards", json::array({{{"type", "demo_task"}}, {{"type", "regex"}, {"pattern", "[a-z0-9]+"}, {"weight", 0.1}}})}};
+               {"rewards", json::array({{{"type", "demo_task"}}, {{"type", "regex"}, {"pattern", kFrequentPattern}, {"weight", 0.1}}})}};
   base.merge_patch(step);
   return {{"pipeline", pipeline}, {"step2_grpo", base}};
 }
@@ -102,11 +108,6 @@ TEST(GrpoPipeline, SftThenGrpoTrainsLogsSavesAndResumesAfterAKill) {
   EXPECT_EQ(summary(killed / "out/grpo")["step_rewards"], s["step_rewards"]);
 }
 
-// The tiny actor's answers are near-uniform random tokens: a reward that random text earns only
-// rarely (a whole answer of [a-z0-9]) leaves most groups with equal rewards, so whether anything
-// trains would hang on the sampling seed. An "e" somewhere in 4 random GPT-2 tokens is a coin
-// flip-like event: most groups of 4 get different rewards.
-constexpr const char* kFrequentPattern = "[^]*e[^]*";
 
 TEST(GrpoPipeline, RlooWithAProgramAndReinforceWithKlAndDynamicSamplingThroughTheGrpoCommand) {
   testing::TempDir tmp;
