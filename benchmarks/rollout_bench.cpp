@@ -78,12 +78,8 @@ std::vector<std::array<int64_t, 3>> plan_calls(const Options& o, const std::vect
   return calls;
 }
 
-json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Options& o,
-                const std::vector<std::array<int64_t, 3>>& calls) {
-  inference::InferenceEngineOptions options;
-  options.max_out_tokens = o.prompt + o.long_max;
-  options.log_stats = false;
-  inference::InferenceEngine engine(model, options);
+// Both dschat engines sample alike: temperature 1, no top-k/top-p, n samples, the bench's seed.
+core::GenerationConfig rollout_config(models::CausalLM& model, const Options& o) {
   core::GenerationConfig config;
   config.do_sample = true;
   config.top_k = 0;
@@ -91,6 +87,16 @@ json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Opt
   config.num_return_sequences = o.samples;
   config.eos_token_id = model->config().eos_token_id;
   config.pad_token_id = model->config().pad_token_id;
+  return config;
+}
+
+json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Options& o,
+                const std::vector<std::array<int64_t, 3>>& calls) {
+  inference::InferenceEngineOptions options;
+  options.max_out_tokens = o.prompt + o.long_max;
+  options.log_stats = false;
+  inference::InferenceEngine engine(model, options);
+  core::GenerationConfig config = rollout_config(model, o);
   json seconds = json::array();
   {  // untimed warm-up (the workspace, the thread pool), as the peer does
     config.max_new_tokens = config.min_new_tokens = 2;
@@ -119,13 +125,7 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
   options.kv_cache_memory = o.kv_memory_mib << 20;
   options.max_running_sequences = o.max_running;
   inference::ContinuousEngine engine(model, options);
-  core::GenerationConfig config;
-  config.do_sample = true;
-  config.top_k = 0;
-  config.seed = static_cast<uint64_t>(o.seed);
-  config.num_return_sequences = o.samples;
-  config.eos_token_id = model->config().eos_token_id;
-  config.pad_token_id = model->config().pad_token_id;
+  core::GenerationConfig config = rollout_config(model, o);
   auto prompt_of = [&](int64_t p) {
     const torch::Tensor row = prompts[p].contiguous();  // [T]
     return std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());

@@ -15,6 +15,7 @@
 #include "dschat/inference/paged_kv_cache.h"
 #include "dschat/io/npy.h"
 #include "dschat/models/load_save.h"
+#include "inference/fixture_prompts.h"
 #include "model_fixtures.h"
 #include "test_util.h"
 
@@ -84,15 +85,8 @@ TEST(PagedKvCache, GathersEachRowThroughItsBlockTableIntoTheLeftPaddedFrame) {
                     "a row of 2 cached + 1 new tokens has 1 blocks of 2 tokens");
 }
 
-struct Prompts {
-  torch::Tensor ids;   // [B, T] left-padded
-  torch::Tensor mask;  // [B, T]
-};
-
-Prompts fixture_prompts(const std::string& name) {
-  auto dir = testing::fixture(name) / "expected";
-  return {io::load_npy(dir / "input_ids.npy"), io::load_npy(dir / "attention_mask.npy").to(torch::kInt64)};
-}
+using Prompts = testing::FixturePrompts;
+using testing::fixture_prompts;
 
 inference::InferenceEngineOptions quiet_static(int64_t max_out_tokens) {
   inference::InferenceEngineOptions options;

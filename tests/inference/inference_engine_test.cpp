@@ -15,6 +15,7 @@
 #include "inference/decode_graph.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
+#include "inference/fixture_prompts.h"
 #include "model_fixtures.h"
 #include "test_util.h"
 
@@ -25,15 +26,8 @@ using inference::GenerationResult;
 using inference::InferenceEngine;
 using inference::InferenceEngineOptions;
 
-struct Prompts {
-  torch::Tensor ids;   // [B, T] left-padded
-  torch::Tensor mask;  // [B, T]
-};
-
-Prompts fixture_prompts(const std::string& name) {
-  auto dir = testing::fixture(name) / "expected";
-  return {io::load_npy(dir / "input_ids.npy"), io::load_npy(dir / "attention_mask.npy").to(torch::kInt64)};
-}
+using Prompts = testing::FixturePrompts;
+using testing::fixture_prompts;
 
 // Greedy decoding without a cache: every step runs the model over the whole sequence so far.
 // After a row's EOS it gets `pad` with mask 0, as generate() does.
