@@ -208,7 +208,8 @@ void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
   PagedKvCache cache(*pool_, {PagedKvCache::Row{&first.blocks, 0}}, tokens);
   const torch::Device device = pool_->storage().device();
   torch::Tensor ids = torch::tensor(first.tokens, torch::kInt64).to(device).unsqueeze(0);  // [1, T]
-  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kUnpadded);
+  torch::Tensor hidden =
+      model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kUnpadded);  // [1, T, E]
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [1, V]
   ++stats_.prefill_forwards;
   stats_.prefill_tokens += tokens;
@@ -297,7 +298,8 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
   PagedKvCache cache(*pool_, table, 1);
   cache.gather_for_attention = options_.gather_for_attention;
   torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
-  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);
+  torch::Tensor hidden =
+      model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);  // [B, 1, E]
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]
   ++stats_.decode_forwards;
   stats_.decode_rows += batch;
