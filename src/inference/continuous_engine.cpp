@@ -358,10 +358,13 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
   torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();        // [B, T]
   torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();  // [B, T]
+  // Read in place, not one .item() (an ATen call) per token.
+  const auto id_rows = ids.accessor<int64_t, 2>();
+  const auto mask_rows = mask.accessor<int64_t, 2>();
   for (int64_t b = 0; b < prompts; ++b) {
     std::vector<int64_t> prompt;  // the row's real tokens
     for (int64_t t = 0; t < width; ++t) {
-      if (mask[b][t].item<int64_t>() != 0) prompt.push_back(ids[b][t].item<int64_t>());
+      if (mask_rows[b][t] != 0) prompt.push_back(id_rows[b][t]);
     }
     std::vector<uint64_t> seeds;
     for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
