@@ -1,8 +1,6 @@
 #include "dschat/inference/continuous_engine.h"
 
 #include <algorithm>
-#include <chrono>
-#include <map>
 
 #include "dschat/core/error.h"
 #include "dschat/inference/logits_processing.h"
@@ -50,6 +48,8 @@ void ContinuousEngine::set_model(models::CausalLM model) {
                "continuous engine: tensor-parallel shards are not supported yet; use InferenceEngine");
   DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: set_model() needs an idle engine");
   model_ = std::move(model);
+  // Cached keys/values belong to the old weights (also when the same module was trained in place).
+  prefix_cache_.reset();
   const torch::Tensor first = model_->parameters().front();  // a copy: parameters() is a temporary
   const core::ModelConfig& config = model_->config();
   parameters_ = 0;
@@ -58,6 +58,7 @@ void ContinuousEngine::set_model(models::CausalLM model) {
   if (pool_ && storage.size(0) == config.num_hidden_layers && storage.size(4) == config.num_key_value_heads &&
       storage.size(5) == config.head_dim && storage.scalar_type() == first.scalar_type() &&
       storage.device() == first.device()) {
+    if (options_.prefix_caching) prefix_cache_ = std::make_unique<PrefixCache>(*pool_);
     return;  // the pool fits the new model as it is
   }
   const int64_t blocks = options_.num_blocks > 0
@@ -66,6 +67,17 @@ void ContinuousEngine::set_model(models::CausalLM model) {
                                                               options_.kv_cache_memory);
   pool_.reset();  // the old pool goes first: the two never coexist
   pool_ = std::make_unique<KvBlockPool>(config, blocks, options_.block_size, first.scalar_type(), first.device());
+  if (options_.prefix_caching) prefix_cache_ = std::make_unique<PrefixCache>(*pool_);
+}
+
+std::optional<int64_t> ContinuousEngine::allocate_block() {
+  if (auto block = pool_->allocate()) return block;
+  if (prefix_cache_ && prefix_cache_->evict_one()) return pool_->allocate();
+  return std::nullopt;
+}
+
+int64_t ContinuousEngine::available_blocks() const {
+  return pool_->free_blocks() + (prefix_cache_ ? prefix_cache_->evictable_blocks() : 0);
 }
 
 ContinuousEngine::~ContinuousEngine() = default;
@@ -189,30 +201,49 @@ bool ContinuousEngine::admit_next(int64_t& budget) {
   const int64_t active = active_rows();
   const bool any_parked = std::any_of(running_.begin(), running_.end(), [](const auto& s) { return s->parked; });
   if (any_parked || active + 1 > options_.max_running_sequences) return false;
-  if (tokens > budget && !first_of_step) return false;
+  // The cached prefix (retained now, so eviction cannot take it), at most tokens - 1: the last
+  // token is always fed, its logits give the first new token.
+  std::vector<int64_t> cached =
+      prefix_cache_ ? prefix_cache_->match(group.front()->tokens, (tokens - 1) / options_.block_size)
+                    : std::vector<int64_t>();
+  const int64_t cached_blocks = static_cast<int64_t>(cached.size());
+  const int64_t fed = tokens - cached_blocks * options_.block_size;
   // Room for the prompt, and for each sample's next block unless nothing else runs (then the
   // group alone fits, submit() checked; a sample short of a block preempts a sibling).
-  const int64_t needed = blocks_for(tokens, options_.block_size) + (running_.empty() ? 0 : rows);
-  if (pool_->free_blocks() < needed) return false;
-  budget -= std::min(tokens, budget);
+  const int64_t needed =
+      blocks_for(tokens, options_.block_size) - cached_blocks + (running_.empty() ? 0 : rows);
+  if ((fed > budget && !first_of_step) || available_blocks() < needed) {
+    for (int64_t block : cached) pool_->release(block);
+    return false;
+  }
+  budget -= std::min(fed, budget);
   std::vector<std::unique_ptr<Sequence>> admitted = std::move(group);
   waiting_.pop_front();
-  prefill(std::move(admitted));
+  prefill(std::move(admitted), std::move(cached));
   return true;
 }
 
-void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group) {
+void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group, std::vector<int64_t> cached_prefix) {
   Sequence& first = *group.front();
   const int64_t tokens = static_cast<int64_t>(first.tokens.size());
-  for (int64_t b = 0; b < blocks_for(tokens, options_.block_size); ++b) first.blocks.push_back(*pool_->allocate());
-  PagedKvCache cache(*pool_, {PagedKvCache::Row{&first.blocks, 0}}, tokens);
+  const int64_t cached = static_cast<int64_t>(cached_prefix.size()) * options_.block_size;
+  first.blocks = std::move(cached_prefix);
+  while (static_cast<int64_t>(first.blocks.size()) < blocks_for(tokens, options_.block_size)) {
+    first.blocks.push_back(*allocate_block());  // admit_next counted them
+  }
+  PagedKvCache cache(*pool_, {PagedKvCache::Row{&first.blocks, cached}}, tokens - cached);
   const torch::Device device = pool_->storage().device();
-  torch::Tensor ids = torch::tensor(first.tokens, torch::kInt64).to(device).unsqueeze(0);  // [1, T]
-  torch::Tensor hidden =
-      model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kUnpadded);  // [1, T, E]
+  const std::vector<int64_t> fed(first.tokens.begin() + cached, first.tokens.end());
+  torch::Tensor ids = torch::tensor(fed, torch::kInt64).to(device).unsqueeze(0);  // [1, T - cached]
+  // No padding: with a cached prefix the mask is all ones over cached + fed tokens (a causal bias).
+  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache,
+                                               nn::MaskLayout::kUnpadded);  // [1, T - cached, E]
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [1, V]
   ++stats_.prefill_forwards;
-  stats_.prefill_tokens += tokens;
+  stats_.prefill_tokens += tokens - cached;
+  stats_.prefix_hit_tokens += cached;
+  // Its full blocks are cached now: a prompt admitted later in this step may share them already.
+  if (prefix_cache_) prefix_cache_->insert(first.tokens, first.blocks, tokens / options_.block_size);
   std::vector<Sequence*> samples;
   for (auto& sequence : group) {
     if (sequence.get() != &first) {  // the samples share the prompt's blocks by reference
@@ -237,7 +268,7 @@ bool ContinuousEngine::reserve_decode_slot(Sequence& sequence) {
   const bool new_block = index == static_cast<int64_t>(sequence.blocks.size());
   if (!new_block && pool_->reference_count(sequence.blocks[index]) == 1) return true;
   while (true) {
-    if (auto block = pool_->allocate()) {
+    if (auto block = allocate_block()) {
       if (new_block) {
         sequence.blocks.push_back(*block);
       } else {  // copy-on-write: this sample's own copy of a block it shares
@@ -326,6 +357,8 @@ void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, cons
 }
 
 void ContinuousEngine::free_blocks(Sequence& sequence) {
+  // Its full blocks stay cached for later prompts (and for its own recompute when preempted).
+  if (prefix_cache_) prefix_cache_->insert(sequence.tokens, sequence.blocks, sequence.cached / options_.block_size);
   for (int64_t block : sequence.blocks) pool_->release(block);
   sequence.blocks.clear();
 }
@@ -345,66 +378,6 @@ std::vector<SequenceOutput> ContinuousEngine::retire_finished() {
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& s) { return s->finished; }),
                  running_.end());
   return done;
-}
-
-GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                            const core::GenerationConfig& config) {
-  DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: generate() needs an idle engine (",
-               waiting_.size(), " waiting, ", running_.size(), " running)");
-  DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
-                   input_ids.size(1) > 0,
-               InvalidArgument, "generate: input_ids ", input_ids.sizes(), " and attention_mask ",
-               attention_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
-  const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
-  torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();        // [B, T]
-  torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();  // [B, T]
-  // Read in place, not one .item() (an ATen call) per token.
-  const auto id_rows = ids.accessor<int64_t, 2>();
-  const auto mask_rows = mask.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < prompts; ++b) {
-    std::vector<int64_t> prompt;  // the row's real tokens
-    for (int64_t t = 0; t < width; ++t) {
-      if (mask_rows[b][t] != 0) prompt.push_back(id_rows[b][t]);
-    }
-    std::vector<uint64_t> seeds;
-    for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
-    submit(std::move(prompt), config, SampleOptions{std::move(seeds), {}});
-  }
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
-  int64_t longest = 0;
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t forwards_before = stats_.prefill_forwards + stats_.decode_forwards;
-  while (has_work()) {
-    for (SequenceOutput& done : step()) {
-      longest = std::max(longest, static_cast<int64_t>(done.generated.size()));
-      answers[{done.request - (next_request_ - prompts), done.sample}] = std::move(done.generated);
-    }
-  }
-  GenerationStats& g = generation_stats_;
-  g = GenerationStats{};
-  g.batch = prompts * n;
-  g.prefill_rows = prompts;
-  g.prompt_tokens = width;
-  g.new_tokens = longest;
-  g.forward_steps = stats_.prefill_forwards + stats_.decode_forwards - forwards_before;
-  g.latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  g.parameters = parameters_;
-  g.bytes_per_parameter = static_cast<int64_t>(pool_->storage().element_size());
-  const core::ModelConfig& model_config = model_->config();
-  finish_generation_stats(g, model_config.num_hidden_layers, model_config.hidden_size, model_config.vocab_size);
-  const int64_t pad = config.pad_token_id.value_or(config.eos_token_id.value_or(0));
-  const GenerationResult repeated = repeat_for_return_sequences(ids, mask, n);
-  torch::Tensor sequences = torch::full({prompts * n, width + longest}, pad, torch::kInt64);  // [B * n, T + N]
-  torch::Tensor out_mask = torch::zeros({prompts * n, width + longest}, torch::kInt64);        // [B * n, T + N]
-  sequences.narrow(1, 0, width).copy_(repeated.sequences);
-  out_mask.narrow(1, 0, width).copy_(repeated.attention_mask);
-  for (const auto& [key, tokens] : answers) {
-    const int64_t row = key.first * n + key.second, length = static_cast<int64_t>(tokens.size());
-    sequences[row].narrow(0, width, length).copy_(torch::tensor(tokens, torch::kInt64));
-    out_mask[row].narrow(0, width, length).fill_(1);
-  }
-  const torch::Device device = input_ids.device();
-  return {sequences.to(device), out_mask.to(device)};
 }
 
 }  // namespace inference

@@ -32,7 +32,14 @@
 // + j with row_seed(config.seed, r), the seed InferenceEngine gives that row, so both engines
 // return the same ids (tests/inference/continuous_engine_test.cpp).
 //
-// Not yet: chunked prefill of one prompt across steps, prefix caching across requests, a CUDA
+// With prefix_caching, full blocks outlive their sequences in a PrefixCache (prefix_cache.h): a
+// prompt starting with cached tokens (a system prompt, a chat's earlier turns, a preempted
+// sequence's own tokens) takes those blocks by reference and prefills only the rest, attending to
+// them as cached keys; cached blocks nobody holds are evicted, least recently used first, before
+// anything is preempted. A cached prefix changes the prefill's shapes, so ids equal the uncached
+// engine's up to float rounding (greedy ids equal on every fixture; tests); set_model() empties it.
+//
+// Not yet: chunked prefill of one prompt across steps, a CUDA
 // paged decode-attention kernel (a CUDA device runs the gathering reference), tensor-parallel shards,
 // lockstep across ranks, step hooks (dschat serve). Not thread-safe.
 
@@ -41,6 +48,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +56,7 @@
 #include "dschat/inference/generate.h"
 #include "dschat/inference/generation_stats.h"
 #include "dschat/inference/kv_block_pool.h"
+#include "dschat/inference/prefix_cache.h"
 #include "dschat/models/causal_lm.h"
 
 namespace dschat {
@@ -61,6 +70,7 @@ struct ContinuousEngineOptions {
   int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (the first admission may exceed it)
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
+  bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
 };
 
 /// Per-sample settings of one submit() (empty: the defaults).
@@ -97,6 +107,7 @@ struct ContinuousStats {
   int64_t peak_blocks_used = 0;  // most pool blocks held at once
   int64_t copy_on_write = 0;     // blocks copied because a sample wrote into a shared one
   int64_t parked_samples = 0;    // samples prefilled with their prompt that waited for a free row
+  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of prefilled
 };
 
 class ContinuousEngine {
@@ -144,13 +155,20 @@ class ContinuousEngine {
   const GenerationStats& last_stats() const { return generation_stats_; }
 
   const KvBlockPool& pool() const { return *pool_; }
+  /// The prefix cache (options().prefix_caching), else null.
+  const PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
   const ContinuousStats& stats() const { return stats_; }
   const ContinuousEngineOptions& options() const { return options_; }
 
  private:
   struct Sequence;
   bool admit_next(int64_t& budget);
-  void prefill(std::vector<std::unique_ptr<Sequence>> group);
+  /// Prefills the group's tokens past `cached_prefix` (blocks the prefix cache gave, retained).
+  void prefill(std::vector<std::unique_ptr<Sequence>> group, std::vector<int64_t> cached_prefix);
+  /// A free block, evicting an unheld cached one when none is free; nullopt when neither.
+  std::optional<int64_t> allocate_block();
+  /// Blocks free now or after evicting the cached ones nobody holds.
+  int64_t available_blocks() const;
   bool reserve_decode_slot(Sequence& sequence);
   void preempt(Sequence& victim);
   void decode(std::vector<Sequence*> rows);
@@ -165,6 +183,7 @@ class ContinuousEngine {
   models::CausalLM model_{nullptr};
   ContinuousEngineOptions options_;
   std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // after pool_: destroyed (releasing its blocks) first
   std::deque<std::vector<std::unique_ptr<Sequence>>> waiting_;  // groups: a request's n samples, or one preempted
   std::vector<std::unique_ptr<Sequence>> running_;              // in admission order
   int64_t next_request_ = 0;

@@ -1,0 +1,199 @@
+// Prefix caching across requests: the PrefixCache's tree of blocks (reference counts, LRU leaf
+// eviction, two copies of one prefix), a prefill over cached blocks against a full prefill on every
+// fixture (hidden states within float tolerance), and the continuous engine with prefix caching
+// against the same engine without it (greedy and seeded ids) for a shared system prompt, a second
+// chat turn that starts with the first turn's prompt and answer, and recompute preemption.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "dschat/inference/continuous_engine.h"
+#include "dschat/inference/kv_block_pool.h"
+#include "dschat/inference/paged_kv_cache.h"
+#include "dschat/inference/prefix_cache.h"
+#include "dschat/models/load_save.h"
+#include "model_fixtures.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace {
+
+using inference::ContinuousEngine;
+using inference::ContinuousEngineOptions;
+
+core::ModelConfig tiny_config() {
+  core::ModelConfig config;
+  config.num_hidden_layers = 1;
+  config.num_key_value_heads = 1;
+  config.head_dim = 2;
+  return config;
+}
+
+TEST(PrefixCache, MatchesTheLongestCachedPrefixAndEvictsLeastRecentlyUsedLeavesFirst) {
+  inference::KvBlockPool pool(tiny_config(), 6, 2, torch::kFloat32, torch::kCPU);
+  inference::PrefixCache cache(pool);
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5};  // 2 full blocks of 2 tokens and 1 token
+  std::vector<int64_t> blocks = {*pool.allocate(), *pool.allocate(), *pool.allocate()};  // 0, 1, 2
+  cache.insert(tokens, blocks, 2);
+  EXPECT_EQ(cache.cached_blocks(), 2);
+  EXPECT_EQ(pool.reference_count(0), 2);
+  EXPECT_EQ(pool.reference_count(2), 1);  // the partly filled block is never cached
+  for (int64_t block : blocks) pool.release(block);
+  EXPECT_EQ(cache.evictable_blocks(), 2);
+
+  EXPECT_EQ(cache.match(tokens, 2), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(cache.match({1, 2, 9, 9}, 2), (std::vector<int64_t>{0}));   // diverges in the second block
+  EXPECT_EQ(cache.match({1, 2, 3, 4}, 1), (std::vector<int64_t>{0}));   // capped by max_blocks
+  EXPECT_TRUE(cache.match({3, 4, 1, 2}, 2).empty());                    // a block stands for its prefix
+  EXPECT_EQ(pool.reference_count(0), 4);  // three matches retained it
+  EXPECT_EQ(cache.evictable_blocks(), 0);
+  EXPECT_FALSE(cache.evict_one());  // every cached block is held
+  pool.release(0);
+  pool.release(0);
+  pool.release(0);
+  pool.release(1);
+  // Block 1 (the leaf) goes before its parent 0, although 0 was used last.
+  ASSERT_TRUE(cache.evict_one());
+  EXPECT_EQ(pool.reference_count(1), 0);
+  EXPECT_EQ(cache.match(tokens, 2), (std::vector<int64_t>{0}));
+  pool.release(0);
+
+  // A second copy of a cached prefix (two sequences prefilled it at once) is not cached, nor is
+  // anything after it: the cached block's ancestors stay in the table of whoever holds it.
+  std::vector<int64_t> copy = {*pool.allocate(), *pool.allocate()};
+  cache.insert(tokens, copy, 2);
+  EXPECT_EQ(cache.cached_blocks(), 1);
+  EXPECT_EQ(pool.reference_count(copy[0]), 1);
+  EXPECT_EQ(pool.reference_count(copy[1]), 1);
+  for (int64_t block : copy) pool.release(block);
+  EXPECT_THROW_WITH(cache.insert(tokens, copy, 3), core::InvalidArgument,
+                    "prefix cache: 3 full blocks of 2 tokens from 2 blocks holding 5 tokens");
+  cache.clear();
+  EXPECT_EQ(cache.cached_blocks(), 0);
+  EXPECT_EQ(pool.free_blocks(), 6);
+}
+
+std::vector<int64_t> token_run(int64_t length, int64_t first, int64_t vocab) {
+  std::vector<int64_t> ids;
+  for (int64_t t = 0; t < length; ++t) ids.push_back((first + 7 * t) % (vocab - 4) + 4);
+  return ids;
+}
+
+class PrefixCacheOnFixtures : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { model = models::load_causal_lm(testing::fixture(GetParam()).string()); }
+  int64_t vocab() const { return model->config().vocab_size; }
+  models::CausalLM model{nullptr};
+};
+
+TEST_P(PrefixCacheOnFixtures, APrefillOverCachedBlocksGivesTheFullPrefillsHiddenStates) {
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> tokens = token_run(13, 3, vocab());
+  const torch::Tensor first = model->parameters().front();
+  inference::KvBlockPool pool(model->config(), 8, 4, first.scalar_type(), first.device());
+  std::vector<int64_t> full_blocks = {0, 1, 2, 3}, cached_blocks = {4, 5, 6, 7};
+  for (int64_t b = 0; b < 8; ++b) pool.allocate();
+  torch::Tensor ids = torch::tensor(tokens, torch::kInt64).unsqueeze(0);  // [1, 13]
+  inference::PagedKvCache full(pool, {{&full_blocks, 0}}, 13);
+  torch::Tensor expected = model->hidden_states(ids, full.attention_mask(), &full, nn::MaskLayout::kUnpadded);  // [1, 13, E]
+  inference::PagedKvCache prefix(pool, {{&cached_blocks, 0}}, 8);
+  model->hidden_states(ids.narrow(1, 0, 8), prefix.attention_mask(), &prefix, nn::MaskLayout::kUnpadded);
+  inference::PagedKvCache rest(pool, {{&cached_blocks, 8}}, 5);
+  torch::Tensor got = model->hidden_states(ids.narrow(1, 8, 5), rest.attention_mask(), &rest,
+                                           nn::MaskLayout::kUnpadded);  // [1, 5, E]
+  EXPECT_TRUE(torch::allclose(got, expected.narrow(1, 8, 5), 1e-4, 1e-5))
+      << (got - expected.narrow(1, 8, 5)).abs().max();
+}
+
+// Runs `turns` one after the other (each to its end) on an engine and returns every answer.
+std::vector<std::vector<int64_t>> run_in_turns(ContinuousEngine& engine, const std::vector<std::vector<int64_t>>& turns,
+                                               const core::GenerationConfig& config) {
+  std::vector<std::vector<int64_t>> answers;
+  for (const auto& prompt : turns) {
+    engine.submit(prompt, config);
+    while (engine.has_work()) {
+      for (auto& done : engine.step()) answers.push_back(done.generated);
+    }
+  }
+  return answers;
+}
+
+TEST_P(PrefixCacheOnFixtures, ASharedSystemPromptAndAChatsEarlierTurnAreNotPrefilledAgain) {
+  for (const bool sample : {false, true}) {
+    core::GenerationConfig config;
+    config.max_new_tokens = 9;
+    config.min_new_tokens = 9;  // fixed lengths: the second turn's prompt is known in advance
+    config.do_sample = sample;
+    config.temperature = 1.2;
+    config.top_k = 30;
+    config.seed = 23;
+    ContinuousEngineOptions options;
+    options.block_size = 4;
+    ContinuousEngine uncached(model, options);
+    options.prefix_caching = true;
+    ContinuousEngine cached(model, options);
+    const std::vector<int64_t> system = token_run(10, 5, vocab());  // 2 full blocks and 2 tokens
+    std::vector<int64_t> first = system, second = system;
+    for (int64_t id : token_run(3, 11, vocab())) first.push_back(id);
+    for (int64_t id : token_run(6, 2, vocab())) second.push_back(id);
+    const auto expected = run_in_turns(uncached, {first, second}, config);
+    EXPECT_EQ(run_in_turns(cached, {first, second}, config), expected) << (sample ? "sampled" : "greedy");
+    EXPECT_EQ(cached.stats().prefix_hit_tokens, 8) << "the system prompt's 2 full blocks";
+    EXPECT_EQ(cached.stats().prefill_tokens, 13 + 16 - 8);
+
+    // A second turn: the first prompt, its answer, a new message (vLLM caches generated blocks too).
+    std::vector<int64_t> turn = first;
+    turn.insert(turn.end(), expected[0].begin(), expected[0].end());  // 13 + 9 = 22 tokens
+    for (int64_t id : token_run(5, 9, vocab())) turn.push_back(id);
+    const auto reply = run_in_turns(uncached, {turn}, config);
+    const int64_t hits = cached.stats().prefix_hit_tokens;
+    EXPECT_EQ(run_in_turns(cached, {turn}, config), reply);
+    // 21 of the 22 tokens were cached (the last answer token never is): 5 full blocks.
+    EXPECT_EQ(cached.stats().prefix_hit_tokens - hits, 20);
+    EXPECT_EQ(cached.pool().free_blocks() + cached.prefix_cache()->cached_blocks(), cached.pool().num_blocks());
+    cached.set_model(model);  // the weights may have changed: nothing stays cached
+    EXPECT_EQ(cached.prefix_cache()->cached_blocks(), 0);
+    EXPECT_EQ(cached.pool().free_blocks(), cached.pool().num_blocks());
+  }
+}
+
+TEST_P(PrefixCacheOnFixtures, PreemptedSequencesReuseTheirOwnCachedBlocksAndEvictionMakesRoom) {
+  core::GenerationConfig config;
+  config.max_new_tokens = 14;
+  config.do_sample = true;
+  config.temperature = 1.3;
+  config.seed = 4;
+  config.num_return_sequences = 2;
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < 5; ++b) prompts.push_back(token_run(6 + 3 * b, 1 + b, vocab()));
+  auto run = [&](bool prefix_caching) {
+    ContinuousEngineOptions options;
+    options.block_size = 2;
+    options.max_running_sequences = 3;
+    options.num_blocks = 22;  // room for about one sequence and a bit: preemption and eviction
+    options.prefix_caching = prefix_caching;
+    auto engine = std::make_unique<ContinuousEngine>(model, options);
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;
+    for (const auto& prompt : prompts) {
+      engine->submit(prompt, config);
+      for (auto& done : engine->step()) answers[{done.request, done.sample}] = done.generated;
+    }
+    while (engine->has_work()) {
+      for (auto& done : engine->step()) answers[{done.request, done.sample}] = done.generated;
+    }
+    return std::make_pair(answers, std::move(engine));
+  };
+  const auto [expected, uncached] = run(false);
+  const auto [got, cached] = run(true);
+  EXPECT_EQ(got, expected);
+  EXPECT_GT(cached->stats().preemptions, 0);
+  EXPECT_GT(cached->stats().prefix_hit_tokens, 0) << "recomputation was meant to find its own blocks";
+  EXPECT_GT(cached->prefix_cache()->evictions(), 0);
+  EXPECT_LT(cached->stats().prefill_tokens, uncached->stats().prefill_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheOnFixtures, ::testing::ValuesIn(testing::model_fixtures()),
+                         testing::FixtureName());
+
+}  // namespace
+}  // namespace dschat
