@@ -199,6 +199,7 @@ DeepSpeedConfig DeepSpeedConfig::parse(const nlohmann::json& json, int64_t world
     he.continuous_batching = block->get<bool>("continuous_batching", he.continuous_batching);
     he.kv_cache_memory_mib = block->get<int64_t>("kv_cache_memory_mib", he.kv_cache_memory_mib);
     he.max_running_sequences = block->get<int64_t>("max_running_sequences", he.max_running_sequences);
+    he.prefix_caching = block->get<bool>("prefix_caching", he.prefix_caching);
     DSCHAT_CHECK(he.max_out_tokens > 0 && he.inference_tp_size >= 1 && he.tp_gather_partition_size >= 1, ConfigError,
                  block->where(), ": max_out_tokens, inference_tp_size and tp_gather_partition_size must be positive");
     DSCHAT_CHECK(he.kv_cache_memory_mib >= 0 && he.max_running_sequences >= 1, ConfigError, block->where(),

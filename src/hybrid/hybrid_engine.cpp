@@ -52,6 +52,8 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
   DSCHAT_CHECK(!he.continuous_batching || (he.inference_tp_size == 1 && !stage3_ranks && !he.enable_cuda_graph),
                ConfigError, "hybrid_engine.continuous_batching generates one rank's rows alone: it does not work with "
                "inference_tp_size > 1, ZeRO-3 across ranks (collective forwards) or enable_cuda_graph yet");
+  DSCHAT_CHECK(!he.prefix_caching || he.continuous_batching, ConfigError,
+               "hybrid_engine.prefix_caching needs continuous_batching (the static engine shares no KV blocks)");
   if (world > 1 && he.inference_tp_size == 1) inference_options.lockstep = training_->communicator();
   inference_ = std::make_unique<inference::InferenceEngine>(actor_, inference_options);
   training_start_ = Clock::now();
@@ -220,6 +222,7 @@ inference::GenerationResult HybridEngine::generate_continuous(const torch::Tenso
   if (!continuous_) {
     inference::ContinuousEngineOptions options;
     options.max_running_sequences = he.max_running_sequences;
+    options.prefix_caching = he.prefix_caching;  // set_model() empties it after every weight update
     if (he.kv_cache_memory_mib > 0) {
       options.kv_cache_memory = he.kv_cache_memory_mib << 20;
     } else {

@@ -38,6 +38,7 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   int64_t longest = 0;
   const auto start = std::chrono::steady_clock::now();
   const int64_t forwards_before = stats_.prefill_forwards + stats_.decode_forwards;
+  const int64_t hits_before = stats_.prefix_hit_tokens;
   while (has_work()) {
     for (SequenceOutput& done : step()) {
       longest = std::max(longest, static_cast<int64_t>(done.generated.size()));
@@ -51,6 +52,7 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   g.prompt_tokens = width;
   g.new_tokens = longest;
   g.forward_steps = stats_.prefill_forwards + stats_.decode_forwards - forwards_before;
+  g.cached_prompt_tokens = stats_.prefix_hit_tokens - hits_before;
   g.latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   g.parameters = parameters_;
   g.bytes_per_parameter = static_cast<int64_t>(pool_->storage().element_size());

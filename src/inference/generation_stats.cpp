@@ -34,13 +34,17 @@ std::string format_generation_stats(const GenerationStats& s) {
   if (s.prefill_rows > 0 && s.prefill_rows != s.batch) {
     std::snprintf(shared, sizeof(shared), " from %lld prompts", static_cast<long long>(s.prefill_rows));
   }
-  char line[384];
+  char cached[64] = "";  // only when the prefix cache gave prompt tokens
+  if (s.cached_prompt_tokens > 0) {
+    std::snprintf(cached, sizeof(cached), ", %lld prompt tokens cached", static_cast<long long>(s.cached_prompt_tokens));
+  }
+  char line[448];
   std::snprintf(line, sizeof(line),
                 "Generation => Latency: %.2fs, Per-token Latency %.2f ms, TFLOPs: %.2f, BW: %.2f GB/sec, "
-                "Answer Seq. Length: %lld (batch %lld%s, prompt %lld, prefill %.3fs, %.1f tokens/s)",
+                "Answer Seq. Length: %lld (batch %lld%s, prompt %lld%s, prefill %.3fs, %.1f tokens/s)",
                 s.latency_s, s.per_token_latency_s * 1e3, s.tflops, s.bandwidth_gb_s,
                 static_cast<long long>(s.new_tokens), static_cast<long long>(s.batch), shared,
-                static_cast<long long>(s.prompt_tokens), s.prefill_s, s.tokens_per_s);
+                static_cast<long long>(s.prompt_tokens), cached, s.prefill_s, s.tokens_per_s);
   return line;
 }
 

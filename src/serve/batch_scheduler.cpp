@@ -24,6 +24,8 @@ SchedulerCounters& SchedulerCounters::operator+=(const SchedulerCounters& other)
   generated_tokens_total += other.generated_tokens_total;
   batches_total += other.batches_total;
   steps_total += other.steps_total;
+  prefilled_tokens_total += other.prefilled_tokens_total;
+  cached_prompt_tokens_total += other.cached_prompt_tokens_total;
   return *this;
 }
 
@@ -43,6 +45,7 @@ BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer toke
   DSCHAT_CHECK(options_.kv_cache_memory >= 0, InvalidArgument, "kv_cache_memory must be >= 0 bytes, got ",
                options_.kv_cache_memory);
   engine_options_.max_running_sequences = options_.max_batch_rows;
+  engine_options_.prefix_caching = options_.prefix_caching;
   const int64_t row_blocks = (engine_options.max_out_tokens + engine_options_.block_size - 1) / engine_options_.block_size;
   if (options_.kv_cache_memory > 0) {
     engine_options_.kv_cache_memory = options_.kv_cache_memory;
@@ -147,6 +150,7 @@ void BatchScheduler::work() {
 void BatchScheduler::run_step() {
   std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> done;
   std::string failure;
+  const inference::ContinuousStats before = engine_->stats();
   try {
     engine_->step();
     done = rows_->on_step(*engine_, abort_running_.load());
@@ -155,6 +159,8 @@ void BatchScheduler::run_step() {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   ++counters_.steps_total;
+  counters_.prefilled_tokens_total += engine_->stats().prefill_tokens - before.prefill_tokens;
+  counters_.cached_prompt_tokens_total += engine_->stats().prefix_hit_tokens - before.prefix_hit_tokens;
   if (!failure.empty()) {
     fail_running(failure);
     return;

@@ -43,7 +43,9 @@ json counters_json(const SchedulerCounters& c) {
               {"failed_total", c.failed_total},
               {"generated_tokens_total", c.generated_tokens_total},
               {"batches_total", c.batches_total},
-              {"steps_total", c.steps_total}};
+              {"steps_total", c.steps_total},
+              {"prefilled_tokens_total", c.prefilled_tokens_total},
+              {"cached_prompt_tokens_total", c.cached_prompt_tokens_total}};
 }
 
 json health(const Server::State& state) {

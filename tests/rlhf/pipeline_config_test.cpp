@@ -444,7 +444,8 @@ TEST(PipelineConfig, EnableCudaGraphReachesTheHybridEngineConfig) {
 TEST(PipelineConfig, ContinuousBatchingReachesTheHybridEngineConfig) {
   EXPECT_FALSE(rlhf::parse_ppo_config(json::object(), "t").continuous_batching);
   const rlhf::PpoConfig ppo = rlhf::parse_ppo_config(
-      {{"continuous_batching", true}, {"kv_cache_memory_mib", 64}, {"max_running_sequences", 4}}, "t");
+      {{"continuous_batching", true}, {"kv_cache_memory_mib", 64}, {"max_running_sequences", 4}, {"prefix_caching", true}},
+      "t");
   EXPECT_TRUE(ppo.continuous_batching);
   const rlhf::GrpoConfig grpo = rlhf::parse_grpo_config({{"continuous_batching", true}}, "t");
   EXPECT_TRUE(static_cast<const rlhf::PolicyStepConfig&>(grpo).continuous_batching);
@@ -455,10 +456,12 @@ TEST(PipelineConfig, ContinuousBatchingReachesTheHybridEngineConfig) {
   hybrid.continuous_batching = ppo.continuous_batching;
   hybrid.kv_cache_memory_mib = ppo.kv_cache_memory_mib;
   hybrid.max_running_sequences = ppo.max_running_sequences;
+  hybrid.prefix_caching = ppo.prefix_caching;
   const engine::DeepSpeedConfig ds = rlhf::train_ds_config(ppo.common, 0, 4, 1, 1, "t", &hybrid);
   EXPECT_TRUE(ds.hybrid_engine.continuous_batching);
   EXPECT_EQ(ds.hybrid_engine.kv_cache_memory_mib, 64);
   EXPECT_EQ(ds.hybrid_engine.max_running_sequences, 4);
+  EXPECT_TRUE(ds.hybrid_engine.prefix_caching);
 }
 
 }  // namespace

@@ -241,6 +241,46 @@ TEST(BatchScheduler, ALateRequestJoinsTheRunningRowsAndAnswersAsAlone) {
   EXPECT_EQ(first->completion_tokens(), 200);
 }
 
+// Two chats with one long system prompt: the second prefills only what follows the system
+// prompt's full 16-token blocks, and answers as a server without prefix caching does.
+TEST(BatchScheduler, ASharedSystemPromptComesFromThePrefixCache) {
+  SamplingParams params;
+  params.max_tokens = 5;
+  params.temperature = 0.7;
+  params.seed = 3;
+  std::vector<int64_t> system;
+  for (int64_t t = 0; t < 37; ++t) system.push_back(100 + 3 * t);  // 2 full blocks and 5 tokens
+  auto chat = [&](int64_t question) {
+    std::vector<int64_t> prompt = system;
+    prompt.push_back(question);
+    return std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{prompt}, params);
+  };
+  std::map<bool, std::vector<std::string>> answers;
+  for (const bool prefix_caching : {false, true}) {
+    SchedulerOptions options;
+    options.batch_window = std::chrono::milliseconds(0);
+    options.prefix_caching = prefix_caching;
+    BatchScheduler scheduler(tiny_model(), gpt2(), {}, options);
+    for (int64_t question : {7, 9}) {
+      auto request = chat(question);
+      scheduler.submit(request);
+      std::vector<ChoiceEvent> events;
+      while (!request->wait(events, std::chrono::milliseconds(100))) {}
+      std::string text;
+      for (const auto& event : events) text += event.text;
+      answers[prefix_caching].push_back(text);
+    }
+    SchedulerCounters counters = scheduler.counters();
+    for (int i = 0; i < 500 && counters.completed_total < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      counters = scheduler.counters();
+    }
+    EXPECT_EQ(counters.cached_prompt_tokens_total, prefix_caching ? 32 : 0);
+    EXPECT_EQ(counters.prefilled_tokens_total, prefix_caching ? 38 + 6 : 2 * 38);
+  }
+  EXPECT_EQ(answers[true], answers[false]);
+}
+
 // The server's sampler (grouped warpers, one inverse-CDF draw per row) draws from the warped
 // distribution: with top_k = 2 every token is one of the two likeliest, and the likeliest comes up
 // about as often as its renormalised probability says.

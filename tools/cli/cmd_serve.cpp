@@ -27,6 +27,7 @@ struct ServeOptions {
   std::string tokenizer, dtype = "fp32", device = "auto", chat_template;
   int64_t batch_window_ms = 5;
   int64_t kv_cache_memory_mib = 0;
+  bool no_prefix_caching = false;
   serve::ServerOptions server;
 };
 
@@ -48,6 +49,7 @@ void run_serve(ServeOptions o) {
   DSCHAT_CHECK(o.kv_cache_memory_mib >= 0, InvalidArgument, "--kv-cache-memory-mib must be >= 0, got ",
                o.kv_cache_memory_mib);
   o.server.scheduler.kv_cache_memory = o.kv_cache_memory_mib << 20;
+  o.server.scheduler.prefix_caching = !o.no_prefix_caching;
   const models::LoadOptions load = load_options(o.dtype, "", o.device);
   std::vector<serve::ServedModel> served;
   for (const auto& flag : o.models) {
@@ -106,6 +108,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-memory-mib", o->kv_cache_memory_mib,
                   "KV block pool per model (0: half of --max-batch-rows rows of --max-out-tokens)")
       ->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
+                "Prefill every prompt in full (default: reuse the KV blocks of earlier prompts' prefixes)");
   cmd->add_option("--batch-window-ms", o->batch_window_ms, "How long a request waits for others to batch with")
       ->capture_default_str();
   cmd->add_option("--max-queue", o->server.scheduler.max_queue, "Waiting requests per model before 429")

@@ -70,6 +70,8 @@ struct HybridEngineConfig {
   bool continuous_batching = false;
   int64_t kv_cache_memory_mib = 0;     // its block pool; 0: max_running_sequences rows of max_out_tokens
   int64_t max_running_sequences = 8;   // its rows per decode step
+  bool prefix_caching = false;         // its prompts share the KV blocks of common prefixes (a
+                                       // system prompt) within one generate call
 };
 
 struct TensorboardConfig {

@@ -30,6 +30,8 @@ struct GenerationStats {
   int64_t parameters = 0;          // elements of the model's parameters (this rank's)
   int64_t bytes_per_parameter = 0;  // element size of the model's dtype
   int64_t cuda_graph_replays = 0;  // decode steps served by a captured CUDA graph
+  int64_t cached_prompt_tokens = 0;  // prompt tokens the continuous engine's prefix cache gave
+                                     // instead of prefilling them (ContinuousEngine only)
 };
 
 /// DeepSpeed-Chat's generation FLOPs for `batch` rows of `sequence` tokens (prompt + answer).

@@ -18,6 +18,10 @@
 //   rows of max_out_tokens: few rows use their whole context); rows take blocks as they grow and
 //   free them at once, and a row that finds none free preempts the latest admitted one, which
 //   is recomputed when rows free up.
+// - Prefix caching (on unless prefix_caching is false): a prompt's full blocks stay in the pool
+//   after its rows end, so a later prompt with the same start (a system prompt, a chat's earlier
+//   turns and answers) prefills only the rest; unheld cached blocks are evicted, least recently
+//   used first, when rows need room.
 // - A cancelled request (its client went away) ends its rows at the next step; one still queued
 //   is dropped before it reaches the engine. Beyond max_queue waiting requests, submit() throws
 //   QueueFull: memory stays bounded by max_queue requests and the pool.
@@ -48,6 +52,7 @@ struct SchedulerOptions {
                                                 // max_batch_rows full rows (max_out_tokens each)
   std::chrono::milliseconds batch_window{5};    // how long a request arriving at an idle engine waits for company
   int64_t max_queue = 64;                       // requests waiting beyond the running batch
+  bool prefix_caching = true;                   // reuse the KV blocks of earlier prompts' prefixes
 };
 
 /// Figures since the scheduler started (plus the two gauges queued and running_rows).
@@ -58,6 +63,8 @@ struct SchedulerCounters {
   int64_t batches_total = 0;  // busy periods: times the engine started from idle (requests that
                               // arrive together, or join running rows, share one)
   int64_t steps_total = 0;    // engine steps (one decode forward each, plus the newcomers' prefills)
+  int64_t prefilled_tokens_total = 0;      // prompt tokens run through prefill forwards
+  int64_t cached_prompt_tokens_total = 0;  // prompt tokens taken from the prefix cache instead
 
   /// Adds every field (the server's totals over its models).
   SchedulerCounters& operator+=(const SchedulerCounters& other);

@@ -215,6 +215,7 @@ void read_policy_step_keys(core::JsonObject& o, PolicyStepConfig& c) {
   c.continuous_batching = o.get<bool>("continuous_batching", c.continuous_batching);
   c.kv_cache_memory_mib = read_min(o, "kv_cache_memory_mib", c.kv_cache_memory_mib, 0);
   c.max_running_sequences = read_min(o, "max_running_sequences", c.max_running_sequences, 1);
+  c.prefix_caching = o.get<bool>("prefix_caching", c.prefix_caching);
   c.offload_reference_model = o.get<bool>("offload_reference_model", c.offload_reference_model);
   c.enable_ema = o.get<bool>("enable_ema", c.enable_ema);
   c.lora_fuse_backup = *hybrid::lora_fuse_backup_named(read_choice(

@@ -117,6 +117,7 @@ RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_ite
   hybrid.continuous_batching = config.continuous_batching;
   hybrid.kv_cache_memory_mib = config.kv_cache_memory_mib;
   hybrid.max_running_sequences = config.max_running_sequences;
+  hybrid.prefix_caching = config.prefix_caching;
   hybrid::HybridEngineOptions actor_options;
   actor_options.lora_fuse_backup = config.lora_fuse_backup;
   actor_options.training = training_engine_options(

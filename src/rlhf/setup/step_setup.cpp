@@ -90,7 +90,8 @@ engine::DeepSpeedConfig train_ds_config(const CommonStepConfig& common, int zero
                            {"enable_cuda_graph", hybrid->enable_cuda_graph},
                            {"continuous_batching", hybrid->continuous_batching},
                            {"kv_cache_memory_mib", hybrid->kv_cache_memory_mib},
-                           {"max_running_sequences", hybrid->max_running_sequences}};
+                           {"max_running_sequences", hybrid->max_running_sequences},
+                           {"prefix_caching", hybrid->prefix_caching}};
   }
   return engine::DeepSpeedConfig::parse(ds, world_size, where + " (DeepSpeed config)");
 }

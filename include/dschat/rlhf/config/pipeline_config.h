@@ -206,6 +206,7 @@ struct PolicyStepConfig {
   bool continuous_batching = false;
   int64_t kv_cache_memory_mib = 0;
   int64_t max_running_sequences = 8;
+  bool prefix_caching = false;
   bool offload_reference_model = false;
   bool enable_ema = false;
   /// Ours: where fusing LoRA for generation keeps the unfused weights: auto | device | host
