@@ -18,9 +18,14 @@
 // decode rows, prefills, preemptions and copy-on-write copies. One untimed short call warms
 // each side up.
 //
+// --system S makes the first S tokens of every prompt the same (an RLVR system prompt or task
+// instruction): the continuous engine then runs a second time with prefix caching, whose prompts
+// after the first take the shared full blocks from the cache (prefill tokens and time compared).
+// --continuous-only skips the static engines (the prefix-caching comparison alone).
+//
 //   dschat_rollout_bench [--preset opt-125m] [--prompts 64] [--samples 8] [--prompts-per-call 8]
 //       [--prompt 32] [--short-max 16] [--long-max 256] [--long-share 0.1] [--threads 2] [--seed 1234]
-//       [--kv-memory-mib 256] [--max-running 8] [--block-size 16]
+//       [--kv-memory-mib 256] [--max-running 8] [--block-size 16] [--system 0] [--continuous-only]
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -53,6 +58,8 @@ struct Options {
   double long_share = 0.1;
   int64_t threads = 2, seed = 1234;
   int64_t kv_memory_mib = 256, max_running = 8, block_size = 16;  // the continuous engine's
+  int64_t system = 0;           // leading tokens every prompt shares
+  bool continuous_only = false;  // no static engines, no transformers
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
 };
@@ -119,8 +126,9 @@ json run_dschat(models::CausalLM& model, const torch::Tensor& prompts, const Opt
 // n samples (one prefill each, blocks shared), each sample stopped at its drawn length
 // (min_new_tokens = its max_new_tokens: no EOS before it), rows admitted and retired per step.
 json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const Options& o,
-                    const std::vector<int64_t>& lengths) {
+                    const std::vector<int64_t>& lengths, bool prefix_caching) {
   inference::ContinuousEngineOptions options;
+  options.prefix_caching = prefix_caching;
   options.block_size = o.block_size;
   options.kv_cache_memory = o.kv_memory_mib << 20;
   options.max_running_sequences = o.max_running;
@@ -136,6 +144,7 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
     engine.submit(prompt_of(0), warm);
     while (engine.has_work()) engine.step();
   }
+  if (prefix_caching) engine.set_model(model);  // nothing cached from the warm-up
   const inference::ContinuousStats before = engine.stats();
   config.max_new_tokens = config.min_new_tokens = o.long_max;
   const auto start = std::chrono::steady_clock::now();
@@ -156,6 +165,8 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
           {"steps", s.steps - before.steps},
           {"decode_rows", s.decode_rows - before.decode_rows},
           {"prefill_forwards", s.prefill_forwards - before.prefill_forwards},
+          {"prefill_tokens", s.prefill_tokens - before.prefill_tokens},
+          {"cached_tokens", s.prefix_hit_tokens - before.prefix_hit_tokens},
           {"preemptions", s.preemptions - before.preemptions},
           {"copy_on_write", s.copy_on_write - before.copy_on_write},
           {"pool_bytes", engine.pool().bytes()},
@@ -165,9 +176,10 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
 
 int run(const Options& o) {
   DSCHAT_CHECK(o.prompts >= 1 && o.samples >= 1 && o.prompts_per_call >= 1 && o.short_max >= 1 &&
-                   o.long_max > o.short_max && o.long_share >= 0.0 && o.long_share <= 1.0,
+                   o.long_max > o.short_max && o.long_share >= 0.0 && o.long_share <= 1.0 && o.system >= 0 &&
+                   o.system < o.prompt,
                InvalidArgument, "rollout bench: need prompts, samples, prompts-per-call, short-max >= 1, long-max > "
-               "short-max and long-share in [0, 1]");
+               "short-max, long-share in [0, 1] and 0 <= system < prompt");
   at::set_num_threads(static_cast<int>(o.threads));
   const bench::RandomCheckpoint checkpoint =
       bench::save_random_checkpoint(o.preset, o.seed, o.work_dir, "dschat_rollout_bench");
@@ -176,7 +188,8 @@ int run(const Options& o) {
   auto model = models::load_causal_lm(model_dir.string());
   const auto& mc = model->config();
   torch::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
-  const torch::Tensor prompts = torch::randint(3, mc.vocab_size, {o.prompts, o.prompt}, generator, torch::kInt64);  // [P, T]
+  torch::Tensor prompts = torch::randint(3, mc.vocab_size, {o.prompts, o.prompt}, generator, torch::kInt64);  // [P, T]
+  if (o.system > 0) prompts.narrow(1, 0, o.system).copy_(prompts[0].narrow(0, 0, o.system));  // the shared start
   const std::vector<int64_t> lengths = draw_lengths(o);
   const auto calls = plan_calls(o, lengths);
   int64_t useful = 0, computed = 0, longest_call_rows = 0, short_rows = 0;
@@ -191,11 +204,40 @@ int run(const Options& o) {
   std::cout << "model " << o.preset << " (random, fp32), " << o.prompts << " prompts x " << o.samples << " samples, "
             << calls.size() << " calls of " << o.prompts_per_call << " prompts, prompt " << o.prompt << ", answers: "
             << short_rows << " of " << lengths.size() << " <= " << o.short_max << " tokens, the rest up to "
-            << o.long_max << "; " << useful << " useful tokens, " << computed << " computed by a static batch\n";
+            << o.long_max << "; " << useful << " useful tokens, " << computed << " computed by a static batch"
+            << (o.system > 0 ? ", the first " + std::to_string(o.system) + " prompt tokens shared" : "") << "\n";
 
-  const json continuous = run_continuous(model, prompts, o, lengths);
+  const json continuous = run_continuous(model, prompts, o, lengths, false);
   DSCHAT_CHECK(continuous.at("generated").get<int64_t>() == useful, Error, "the continuous engine generated ",
                continuous.at("generated").get<int64_t>(), " tokens, the drawn lengths sum to ", useful);
+  const double continuous_s = continuous.at("seconds").get<double>();
+  auto print_continuous = [&](const char* name, const json& c) {
+    std::printf("%s: %.2f s, %.1f tokens/s; %lld steps, %lld decode rows, %lld prefills (one per prompt: %lld) of "
+                "%lld tokens, %lld prompt tokens from the prefix cache, %lld preemptions, %lld copy-on-write blocks, "
+                "peak KV %.1f MiB\n",
+                name, c.at("seconds").get<double>(), useful / c.at("seconds").get<double>(),
+                static_cast<long long>(c.at("steps").get<int64_t>()),
+                static_cast<long long>(c.at("decode_rows").get<int64_t>()),
+                static_cast<long long>(c.at("prefill_forwards").get<int64_t>()), static_cast<long long>(o.prompts),
+                static_cast<long long>(c.at("prefill_tokens").get<int64_t>()),
+                static_cast<long long>(c.at("cached_tokens").get<int64_t>()),
+                static_cast<long long>(c.at("preemptions").get<int64_t>()),
+                static_cast<long long>(c.at("copy_on_write").get<int64_t>()),
+                c.at("peak_bytes").get<double>() / (1 << 20));
+  };
+  if (o.system > 0) {
+    const json cached = run_continuous(model, prompts, o, lengths, true);
+    std::printf("\n");
+    print_continuous("continuous", continuous);
+    print_continuous("continuous + prefix caching", cached);
+    std::printf("prefix caching / without: %.2fx the speed, %.2f of the prefill tokens\n",
+                continuous_s / cached.at("seconds").get<double>(),
+                cached.at("prefill_tokens").get<double>() / continuous.at("prefill_tokens").get<double>());
+  }
+  if (o.continuous_only) {
+    checkpoint.remove();
+    return 0;
+  }
   const json ours = run_dschat(model, prompts, o, calls);
   json call_list = json::array();
   for (const auto& call : calls) call_list.push_back({call[0], call[1], call[2]});
@@ -217,7 +259,6 @@ int run(const Options& o) {
               "|---|---|---|---|---|---|\n");
   std::printf("| dschat InferenceEngine (static) | %.2f | %.1f | %.1f | %.1f | %.0f |\n", ours_s, useful / ours_s,
               computed / ours_s, kv_bytes / (1 << 20), kv_bytes / useful_per_call);
-  const double continuous_s = continuous.at("seconds").get<double>();
   std::printf("| dschat ContinuousEngine (paged, continuous) | %.2f | %.1f | %.1f | %.1f pool, %.1f peak | %lld |\n",
               continuous_s, useful / continuous_s, useful / continuous_s,
               continuous.at("pool_bytes").get<double>() / (1 << 20), continuous.at("peak_bytes").get<double>() / (1 << 20),
@@ -228,13 +269,7 @@ int run(const Options& o) {
               "%.2f; continuous / transformers: %.2f\n",
               static_cast<double>(useful) / static_cast<double>(computed), theirs_s / ours_s, ours_s / continuous_s,
               theirs_s / continuous_s);
-  std::printf("continuous: %lld steps, %lld decode rows, %lld prefills (one per prompt: %lld), %lld preemptions, "
-              "%lld copy-on-write blocks\n",
-              static_cast<long long>(continuous.at("steps").get<int64_t>()),
-              static_cast<long long>(continuous.at("decode_rows").get<int64_t>()),
-              static_cast<long long>(continuous.at("prefill_forwards").get<int64_t>()), static_cast<long long>(o.prompts),
-              static_cast<long long>(continuous.at("preemptions").get<int64_t>()),
-              static_cast<long long>(continuous.at("copy_on_write").get<int64_t>()));
+  print_continuous("continuous", continuous);
   checkpoint.remove();
   return 0;
 }
@@ -257,6 +292,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-memory-mib", o.kv_memory_mib, "The continuous engine's KV block pool")->capture_default_str();
   app.add_option("--max-running", o.max_running, "The continuous engine's rows per decode step")->capture_default_str();
   app.add_option("--block-size", o.block_size, "The continuous engine's tokens per KV block")->capture_default_str();
+  app.add_option("--system", o.system, "Leading prompt tokens every prompt shares (adds a prefix-caching run)")
+      ->capture_default_str();
+  app.add_flag("--continuous-only", o.continuous_only, "Only the continuous engine (no static engines, no transformers)");
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
   app.add_option("--python", o.python)->capture_default_str();

@@ -28,12 +28,6 @@ struct ContinuousEngine::Sequence {
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
 };
 
-namespace {
-
-int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
-
-}  // namespace
-
 ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options) : options_(options) {
   DSCHAT_CHECK(options_.block_size >= 1 && options_.max_running_sequences >= 1 && options_.max_prefill_tokens >= 1,
                InvalidArgument, "continuous engine: block_size (", options_.block_size, "), max_running_sequences (",
@@ -82,7 +76,13 @@ int64_t ContinuousEngine::available_blocks() const {
 
 ContinuousEngine::~ContinuousEngine() = default;
 
-bool ContinuousEngine::has_work() const { return !waiting_.empty() || !running_.empty(); }
+bool ContinuousEngine::has_work() const { return !waiting_.empty() || !prefilling_.empty() || !running_.empty(); }
+
+int64_t ContinuousEngine::running_sequences() const {
+  int64_t sequences = static_cast<int64_t>(running_.size());
+  for (const auto& group : prefilling_) sequences += static_cast<int64_t>(group.size());
+  return sequences;
+}
 
 int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::GenerationConfig& config,
                                  const SampleOptions& samples) {
@@ -104,7 +104,7 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
                  "] (the config's)");
   }
   // The last token is sampled, never cached: a sequence holds at most prompt + max_new - 1 tokens.
-  const int64_t most_blocks = blocks_for(prompt_length + config.max_new_tokens - 1, options_.block_size);
+  const int64_t most_blocks = blocks_for(prompt_length + config.max_new_tokens - 1);
   DSCHAT_CHECK(most_blocks <= pool_->num_blocks(), InvalidArgument, "continuous engine: prompt (", prompt_length,
                " tokens) + max_new_tokens (", config.max_new_tokens, ") needs ", most_blocks, " blocks of ",
                options_.block_size, " tokens, the pool holds ", pool_->num_blocks(),
@@ -135,7 +135,9 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
 }
 
 int64_t ContinuousEngine::active_rows() const {
-  return std::count_if(running_.begin(), running_.end(), [](const auto& s) { return !s->parked; });
+  // A prompt being prefilled in chunks keeps a row for its first sample.
+  return static_cast<int64_t>(prefilling_.size()) +
+         std::count_if(running_.begin(), running_.end(), [](const auto& s) { return !s->parked; });
 }
 
 int64_t ContinuousEngine::waiting_sequences() const {
@@ -158,6 +160,19 @@ void ContinuousEngine::cancel_where(const std::function<bool(const Sequence&)>& 
   }
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const auto& g) { return g.empty(); }),
                  waiting_.end());
+  for (auto& group : prefilling_) {  // the front sequence holds the blocks: hand them on first
+    auto kept = std::find_if(group.begin(), group.end(), [&](const auto& s) { return !matches(*s); });
+    if (kept == group.end()) {
+      free_blocks(*group.front());
+    } else if (kept != group.begin()) {
+      (*kept)->blocks = std::move(group.front()->blocks);
+      (*kept)->cached = group.front()->cached;
+      group.front()->blocks.clear();
+    }
+    group.erase(std::remove_if(group.begin(), group.end(), [&](const auto& s) { return matches(*s); }), group.end());
+  }
+  prefilling_.erase(std::remove_if(prefilling_.begin(), prefilling_.end(), [](const auto& g) { return g.empty(); }),
+                    prefilling_.end());
   for (auto& sequence : running_) {
     if (matches(*sequence)) free_blocks(*sequence);
   }
@@ -179,7 +194,8 @@ std::vector<SequenceOutput> ContinuousEngine::step() {
     }
   }
   int64_t budget = options_.max_prefill_tokens;
-  while (!waiting_.empty() && admit_next(budget)) {
+  advance_prefills(budget);  // chunked prefills under way go first, in admission order
+  while (!waiting_.empty() && budget > 0 && admit_next(budget)) {
   }
   std::vector<Sequence*> rows;  // admitted in an earlier step, in admission order
   for (auto& sequence : running_) {
@@ -188,79 +204,6 @@ std::vector<SequenceOutput> ContinuousEngine::step() {
   if (!rows.empty()) decode(std::move(rows));
   ++stats_.steps;
   return retire_finished();
-}
-
-bool ContinuousEngine::admit_next(int64_t& budget) {
-  std::vector<std::unique_ptr<Sequence>>& group = waiting_.front();
-  const int64_t rows = static_cast<int64_t>(group.size());
-  const int64_t tokens = static_cast<int64_t>(group.front()->tokens.size());
-  const bool first_of_step = budget == options_.max_prefill_tokens;
-  // A prompt is admitted when one row is free and no earlier prompt's samples are parked: the
-  // samples beyond the free rows are prefilled with it and park (holding only its shared blocks)
-  // until rows free up, so n samples never wait for n free rows at once.
-  const int64_t active = active_rows();
-  const bool any_parked = std::any_of(running_.begin(), running_.end(), [](const auto& s) { return s->parked; });
-  if (any_parked || active + 1 > options_.max_running_sequences) return false;
-  // The cached prefix (retained now, so eviction cannot take it), at most tokens - 1: the last
-  // token is always fed, its logits give the first new token.
-  std::vector<int64_t> cached =
-      prefix_cache_ ? prefix_cache_->match(group.front()->tokens, (tokens - 1) / options_.block_size)
-                    : std::vector<int64_t>();
-  const int64_t cached_blocks = static_cast<int64_t>(cached.size());
-  const int64_t fed = tokens - cached_blocks * options_.block_size;
-  // Room for the prompt, and for each sample's next block unless nothing else runs (then the
-  // group alone fits, submit() checked; a sample short of a block preempts a sibling).
-  const int64_t needed =
-      blocks_for(tokens, options_.block_size) - cached_blocks + (running_.empty() ? 0 : rows);
-  if ((fed > budget && !first_of_step) || available_blocks() < needed) {
-    for (int64_t block : cached) pool_->release(block);
-    return false;
-  }
-  budget -= std::min(fed, budget);
-  std::vector<std::unique_ptr<Sequence>> admitted = std::move(group);
-  waiting_.pop_front();
-  prefill(std::move(admitted), std::move(cached));
-  return true;
-}
-
-void ContinuousEngine::prefill(std::vector<std::unique_ptr<Sequence>> group, std::vector<int64_t> cached_prefix) {
-  Sequence& first = *group.front();
-  const int64_t tokens = static_cast<int64_t>(first.tokens.size());
-  const int64_t cached = static_cast<int64_t>(cached_prefix.size()) * options_.block_size;
-  first.blocks = std::move(cached_prefix);
-  while (static_cast<int64_t>(first.blocks.size()) < blocks_for(tokens, options_.block_size)) {
-    first.blocks.push_back(*allocate_block());  // admit_next counted them
-  }
-  PagedKvCache cache(*pool_, {PagedKvCache::Row{&first.blocks, cached}}, tokens - cached);
-  const torch::Device device = pool_->storage().device();
-  const std::vector<int64_t> fed(first.tokens.begin() + cached, first.tokens.end());
-  torch::Tensor ids = torch::tensor(fed, torch::kInt64).to(device).unsqueeze(0);  // [1, T - cached]
-  // No padding: with a cached prefix the mask is all ones over cached + fed tokens (a causal bias).
-  torch::Tensor hidden = model_->hidden_states(ids, cache.attention_mask(), &cache,
-                                               nn::MaskLayout::kUnpadded);  // [1, T - cached, E]
-  torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [1, V]
-  ++stats_.prefill_forwards;
-  stats_.prefill_tokens += tokens - cached;
-  stats_.prefix_hit_tokens += cached;
-  // Its full blocks are cached now: a prompt admitted later in this step may share them already.
-  if (prefix_cache_) prefix_cache_->insert(first.tokens, first.blocks, tokens / options_.block_size);
-  std::vector<Sequence*> samples;
-  for (auto& sequence : group) {
-    if (sequence.get() != &first) {  // the samples share the prompt's blocks by reference
-      sequence->blocks = first.blocks;
-      for (int64_t block : sequence->blocks) pool_->retain(block);
-    }
-    sequence->cached = tokens;
-    sequence->admitted_at = admissions_++;
-    sequence->fresh = true;
-    sequence->parked = active_rows() >= options_.max_running_sequences;
-    stats_.parked_samples += sequence->parked ? 1 : 0;
-    samples.push_back(sequence.get());
-    running_.push_back(std::move(sequence));
-  }
-  // The n samples draw their first tokens from the prompt's logits, each with its own generator.
-  sample_into(samples, logits.expand({static_cast<int64_t>(samples.size()), logits.size(1)}));
-  stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, blocks_in_use());
 }
 
 bool ContinuousEngine::reserve_decode_slot(Sequence& sequence) {

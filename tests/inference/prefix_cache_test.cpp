@@ -1,10 +1,13 @@
-// Prefix caching across requests: the PrefixCache's tree of blocks (reference counts, LRU leaf
-// eviction, two copies of one prefix), a prefill over cached blocks against a full prefill on every
-// fixture (hidden states within float tolerance), and the continuous engine with prefix caching
-// against the same engine without it (greedy and seeded ids) for a shared system prompt, a second
-// chat turn that starts with the first turn's prompt and answer, and recompute preemption.
+// Prefills over cached tokens: prefix caching across requests and chunked prefill. The
+// PrefixCache's tree of blocks (reference counts, LRU leaf eviction, two copies of one prefix), a
+// prefill over cached blocks against a full prefill on every fixture (hidden states within float
+// tolerance), the continuous engine with prefix caching against the same engine without it
+// (greedy and seeded ids) for a shared system prompt, a second chat turn that starts with the
+// first turn's prompt and answer, and recompute preemption; a long prompt prefilled in chunks of
+// the step budget while another sequence decodes, and cancelled mid-prefill.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "dschat/inference/continuous_engine.h"
@@ -190,6 +193,74 @@ TEST_P(PrefixCacheOnFixtures, PreemptedSequencesReuseTheirOwnCachedBlocksAndEvic
   EXPECT_GT(cached->stats().prefix_hit_tokens, 0) << "recomputation was meant to find its own blocks";
   EXPECT_GT(cached->prefix_cache()->evictions(), 0);
   EXPECT_LT(cached->stats().prefill_tokens, uncached->stats().prefill_tokens);
+}
+
+TEST_P(PrefixCacheOnFixtures, ALongPromptIsPrefilledInChunksWhileOthersDecode) {
+  // A 30-token prompt against a budget of 8 prompt tokens per step: 4 chunk forwards (8, 8, 8,
+  // 6) over 4 steps, each attending to the chunks before it as cached keys, while a sequence
+  // admitted earlier decodes a token in every one of those steps; the long prompt's answer is
+  // the one of an engine that prefills it in one forward.
+  for (const bool sample : {false, true}) {
+    core::GenerationConfig config;
+    config.max_new_tokens = 8;
+    config.min_new_tokens = 8;
+    config.do_sample = sample;
+    config.temperature = 1.1;
+    config.seed = 31;
+    const std::vector<int64_t> early = token_run(5, 2, vocab()), long_prompt = token_run(30, 6, vocab());
+    ContinuousEngineOptions options;
+    options.block_size = 4;
+    ContinuousEngine whole(model, options);
+    const auto expected = run_in_turns(whole, {long_prompt}, config);
+    options.max_prefill_tokens = 8;
+    ContinuousEngine chunked(model, options);
+    config.max_new_tokens = config.min_new_tokens = 12;
+    const int64_t first = chunked.submit(early, config);
+    chunked.step();  // the short prompt's prefill
+    config.max_new_tokens = config.min_new_tokens = 8;
+    chunked.submit(long_prompt, config);
+    const int64_t forwards = chunked.stats().prefill_forwards;
+    std::vector<int64_t> answer;
+    int64_t steps = 0;
+    while (answer.empty()) {
+      auto done = chunked.step();
+      ++steps;
+      const auto& tokens = chunked.last_step_tokens();
+      EXPECT_TRUE(std::any_of(tokens.begin(), tokens.end(), [&](const auto& t) { return t.request == first; }))
+          << "step " << steps << ": the running sequence did not decode";
+      for (auto& finished : done) {
+        if (finished.request != first) answer = finished.generated;
+      }
+      if (steps == 4) EXPECT_EQ(chunked.stats().prefill_forwards - forwards, 4) << "chunks of 8, 8, 8 and 6";
+      ASSERT_LT(steps, 40);
+    }
+    EXPECT_EQ(answer, expected.front()) << (sample ? "sampled" : "greedy");
+    EXPECT_EQ(chunked.stats().prefill_tokens, 5 + 30);
+    while (chunked.has_work()) chunked.step();
+    EXPECT_EQ(chunked.pool().free_blocks(), chunked.pool().num_blocks());
+  }
+}
+
+TEST(ContinuousEngine, CancellingAPromptBeingPrefilledInChunksFreesItsBlocks) {
+  auto model = models::load_causal_lm(testing::fixture("llama-gqa").string());
+  ContinuousEngineOptions options;
+  options.block_size = 4;
+  options.num_blocks = 30;
+  options.max_prefill_tokens = 6;
+  ContinuousEngine engine(model, options);
+  core::GenerationConfig config;
+  config.max_new_tokens = 3;
+  config.num_return_sequences = 2;
+  const int64_t request = engine.submit(token_run(40, 1, model->config().vocab_size), config);
+  engine.step();  // 6 of its 40 tokens prefilled, its 10 blocks held
+  EXPECT_EQ(engine.pool().free_blocks(), 20);
+  EXPECT_EQ(engine.running_sequences(), 2);
+  engine.cancel(request, 0);  // the sample holding the blocks: its sibling takes them over
+  engine.step();
+  EXPECT_EQ(engine.pool().free_blocks(), 20);
+  engine.cancel(request);
+  EXPECT_FALSE(engine.has_work());
+  EXPECT_EQ(engine.pool().free_blocks(), 30);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheOnFixtures, ::testing::ValuesIn(testing::model_fixtures()),

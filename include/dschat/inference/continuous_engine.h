@@ -8,10 +8,12 @@
 //   while (engine.has_work()) for (auto& done : engine.step()) use(done);
 //   GenerationResult out = engine.generate(ids, mask, config);  // InferenceEngine's contract
 //
-// Every step(): (1) admits waiting sequences in arrival order while the decode batch has room
-// (max_running_sequences), the step's prefill token budget lasts (max_prefill_tokens; the first
-// admission of a step may exceed it) and the pool has blocks for the prompt; each admitted prompt
-// is prefilled once (its own forward, no padding) and its n samples share its blocks by reference
+// Every step(): (1) goes on with prompts being prefilled in chunks, then admits waiting sequences
+// in arrival order while the decode batch has room (max_running_sequences), the step's prefill
+// token budget lasts (max_prefill_tokens) and the pool has blocks for the prompt; each admitted
+// prompt is prefilled once (its own forward, no padding; a prompt longer than the whole budget
+// in chunks of what is left of each step's budget, chunked prefill, so running sequences keep
+// decoding meanwhile) and its n samples share its blocks by reference
 // (copy-on-write of the last, partly filled one when a sample first writes to it); each sample
 // draws its first token; when fewer rows are free than the prompt has samples, the others park
 // (holding only the shared blocks) and take rows as they free up, before any later prompt is
@@ -39,8 +41,7 @@
 // anything is preempted. A cached prefix changes the prefill's shapes, so ids equal the uncached
 // engine's up to float rounding (greedy ids equal on every fixture; tests); set_model() empties it.
 //
-// Not yet: chunked prefill of one prompt across steps, a CUDA
-// paged decode-attention kernel (a CUDA device runs the gathering reference), tensor-parallel shards,
+// Not yet: a CUDA paged decode-attention kernel (a CUDA device runs the gathering reference), tensor-parallel shards,
 // lockstep across ranks, step hooks (dschat serve). Not thread-safe.
 
 #include <torch/torch.h>
@@ -67,7 +68,7 @@ struct ContinuousEngineOptions {
   int64_t kv_cache_memory = 64 << 20;  // bytes of the block pool (used when num_blocks is 0)
   int64_t num_blocks = 0;              // > 0: exactly this many blocks (tests force preemption)
   int64_t max_running_sequences = 8;   // rows of one decode step (<= 8: the CPU's batch-invariant kernel)
-  int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (the first admission may exceed it)
+  int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (a longer prompt: in chunks)
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
   bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
@@ -104,7 +105,8 @@ struct ContinuousStats {
   int64_t decode_rows = 0;       // rows over all decode forwards (the tokens they produced)
   int64_t generated_tokens = 0;  // new tokens of all sequences (decode rows + first tokens)
   int64_t preemptions = 0;
-  int64_t peak_blocks_used = 0;  // most pool blocks held at once
+  int64_t peak_blocks_used = 0;  // most pool blocks sequences held at once (not counting cached
+                                 // blocks only the prefix cache holds)
   int64_t copy_on_write = 0;     // blocks copied because a sample wrote into a shared one
   int64_t parked_samples = 0;    // samples prefilled with their prompt that waited for a free row
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of prefilled
@@ -139,7 +141,7 @@ class ContinuousEngine {
   bool has_work() const;
   /// Sequences waiting (not admitted, or preempted) and running (admitted, holding blocks).
   int64_t waiting_sequences() const;
-  int64_t running_sequences() const { return static_cast<int64_t>(running_.size()); }  // parked included
+  int64_t running_sequences() const;  // parked and those being prefilled in chunks included
 
   /// InferenceEngine::generate's contract: ids, mask [B, T] left-padded -> [B * n, T + N], prompt
   /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done.
@@ -162,9 +164,15 @@ class ContinuousEngine {
 
  private:
   struct Sequence;
+  /// Admits the first waiting group if a row, the budget and the blocks allow; starts its prefill.
   bool admit_next(int64_t& budget);
-  /// Prefills the group's tokens past `cached_prefix` (blocks the prefix cache gave, retained).
-  void prefill(std::vector<std::unique_ptr<Sequence>> group, std::vector<int64_t> cached_prefix);
+  /// Runs the prefills under way (prefilling_) chunk by chunk while `budget` lasts, in admission
+  /// order; a finished one hands its blocks to its samples (finish_prefill).
+  void advance_prefills(int64_t& budget);
+  /// Feeds the next `chunk` tokens of `first` over its cached ones; the last token's logits [1, V]
+  /// when that completes its tokens, else undefined.
+  torch::Tensor prefill_chunk(Sequence& first, int64_t chunk);
+  void finish_prefill(std::vector<std::unique_ptr<Sequence>> group, const torch::Tensor& logits);
   /// A free block, evicting an unheld cached one when none is free; nullopt when neither.
   std::optional<int64_t> allocate_block();
   /// Blocks free now or after evicting the cached ones nobody holds.
@@ -177,14 +185,18 @@ class ContinuousEngine {
   std::vector<SequenceOutput> retire_finished();
   void free_blocks(Sequence& sequence);
   void cancel_where(const std::function<bool(const Sequence&)>& matches);
+  int64_t blocks_for(int64_t tokens) const { return (tokens + options_.block_size - 1) / options_.block_size; }
   int64_t active_rows() const;  // running sequences that decode (not parked)
-  int64_t blocks_in_use() const { return pool_->num_blocks() - pool_->free_blocks(); }
+  /// Blocks sequences hold (cached blocks only the prefix cache holds are not counted: free on demand).
+  int64_t blocks_in_use() const { return pool_->num_blocks() - available_blocks(); }
 
   models::CausalLM model_{nullptr};
   ContinuousEngineOptions options_;
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<PrefixCache> prefix_cache_;  // after pool_: destroyed (releasing its blocks) first
   std::deque<std::vector<std::unique_ptr<Sequence>>> waiting_;  // groups: a request's n samples, or one preempted
+  std::deque<std::vector<std::unique_ptr<Sequence>>> prefilling_;  // admitted groups whose prompt is
+                                                                  // prefilled in chunks (front: the holder)
   std::vector<std::unique_ptr<Sequence>> running_;              // in admission order
   int64_t next_request_ = 0;
   int64_t parameters_ = 0;  // elements of model_'s parameters (the generation statistics)
