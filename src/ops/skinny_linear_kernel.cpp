@@ -15,6 +15,7 @@ namespace dschat {
 namespace ops {
 namespace detail {
 
+#define SKINNY_ROWS_PER_PASS 4
 namespace isa_baseline {
 #include "skinny_linear_loop.inc"
 }  // namespace isa_baseline
@@ -31,11 +32,14 @@ namespace isa_avx {
 // so that `acc += w * x` stays a multiply and an add, as on the other instruction sets.
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#undef SKINNY_ROWS_PER_PASS
+#define SKINNY_ROWS_PER_PASS 8
 namespace isa_avx512 {
 #include "skinny_linear_loop.inc"
 }  // namespace isa_avx512
 #pragma GCC pop_options
 #endif
+#undef SKINNY_ROWS_PER_PASS
 
 bool skinny_isa_supported(SkinnyIsa isa) {
 #if DSCHAT_SKINNY_X86
