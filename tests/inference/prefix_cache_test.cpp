@@ -24,16 +24,12 @@ namespace {
 using inference::ContinuousEngine;
 using inference::ContinuousEngineOptions;
 
-core::ModelConfig tiny_config() {
-  core::ModelConfig config;
-  config.num_hidden_layers = 1;
-  config.num_key_value_heads = 1;
-  config.head_dim = 2;
-  return config;
-}
-
 TEST(PrefixCache, MatchesTheLongestCachedPrefixAndEvictsLeastRecentlyUsedLeavesFirst) {
-  inference::KvBlockPool pool(tiny_config(), 6, 2, torch::kFloat32, torch::kCPU);
+  core::ModelConfig one_layer;  // 1 layer, 1 key/value head of 2 dims: the cache never reads them
+  one_layer.num_hidden_layers = 1;
+  one_layer.num_key_value_heads = 1;
+  one_layer.head_dim = 2;
+  inference::KvBlockPool pool(one_layer, 6, 2, torch::kFloat32, torch::kCPU);
   inference::PrefixCache cache(pool);
   const std::vector<int64_t> tokens = {1, 2, 3, 4, 5};  // 2 full blocks of 2 tokens and 1 token
   std::vector<int64_t> blocks = {*pool.allocate(), *pool.allocate(), *pool.allocate()};  // 0, 1, 2
