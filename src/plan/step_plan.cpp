@@ -116,14 +116,29 @@ class StepBuilder {
   double offload_seconds_per_step() const { return offload_seconds_; }
 };
 
-// Generation with the hybrid engine (or the plain actor): KV workspace, ZeRO-3's gathered model,
-// the TP shard copy, the LoRA fuse backup.
+// Generation with the hybrid engine (or the plain actor): KV workspace (or the continuous
+// engine's block pool), ZeRO-3's gathered model, the TP shard copy, the LoRA fuse backup.
 void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int64_t max_out_tokens,
-                    bool hybrid_engine, bool release_cache, int64_t tp, bool pin, int64_t tp_group_layers,
-                    hybrid::LoraFuseBackup lora_fuse_backup) {
+                    const rlhf::PolicyStepConfig& policy) {
   const ModelSetup& s = actor.setup;
-  const int64_t kv = kv_workspace_bytes(s.config, s.dtype, rows * std::max<int64_t>(tp, 1), max_out_tokens);
-  b.add_item({s.role, "KV workspace [L, 2, B, H_kv, max_out_tokens, D]", release_cache ? "generate" : "", kv, 0});
+  const int64_t tp = policy.inference_tp_size, tp_group_layers = policy.tp_gather_partition_size;
+  const bool hybrid_engine = policy.enable_hybrid_engine, pin = !policy.unpin_actor_parameters;
+  const char* when = policy.release_inference_cache ? "generate" : "";
+  int64_t decode_rows = rows * std::max<int64_t>(tp, 1);
+  if (policy.continuous_batching) {
+    // HybridEngine::generate_continuous: 16-token blocks, kv_cache_memory_mib of them or
+    // max_running_sequences rows of max_out_tokens; the static workspace is never taken.
+    constexpr int64_t kBlockTokens = 16;
+    const int64_t block = kv_workspace_bytes(s.config, s.dtype, 1, kBlockTokens);
+    const int64_t blocks = policy.kv_cache_memory_mib > 0
+                               ? (policy.kv_cache_memory_mib << 20) / block
+                               : policy.max_running_sequences * ((max_out_tokens + kBlockTokens - 1) / kBlockTokens);
+    b.add_item({s.role, "KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)", when, blocks * block, 0});
+    decode_rows = std::min(rows, policy.max_running_sequences);
+  } else {
+    const int64_t kv = kv_workspace_bytes(s.config, s.dtype, decode_rows, max_out_tokens);
+    b.add_item({s.role, "KV workspace [L, 2, B, H_kv, max_out_tokens, D]", when, kv, 0});
+  }
   const int64_t full = model_bytes(actor.specs);
   if (s.zero_stage == 3) {
     if (tp > 1) {
@@ -140,13 +155,13 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   }
   if (s.lora_dim > 0) {
     const int64_t backup = lora_wrapped_bytes(actor.specs) / (s.zero_stage == 3 ? std::max<int64_t>(s.config.num_hidden_layers, 1) : 1);
-    const bool host = lora_fuse_backup == hybrid::LoraFuseBackup::kHost;
+    const bool host = policy.lora_fuse_backup == hybrid::LoraFuseBackup::kHost;
     MemoryItem item{s.role, "LoRA fuse backup of the wrapped weights", "generate", host ? 0 : backup, host ? backup : 0};
-    item.host_when_short = lora_fuse_backup == hybrid::LoraFuseBackup::kAuto && s.zero_stage != 3;
+    item.host_when_short = policy.lora_fuse_backup == hybrid::LoraFuseBackup::kAuto && s.zero_stage != 3;
     b.add_item(item);
   }
   // Decode logits [rows, V] fp32 and the sampling buffers.
-  b.add_item({s.role, "decode logits [B, V]", "generate", rows * std::max<int64_t>(tp, 1) * s.config.vocab_size * 12, 0});
+  b.add_item({s.role, "decode logits [B, V]", "generate", decode_rows * s.config.vocab_size * 12, 0});
 }
 
 // The hybrid engine generates tensor-parallel over all ranks or not at all.
@@ -154,6 +169,15 @@ void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
   if (tp == 1 || tp == world) return;
   plan.config_problem = "inference_tp_size " + std::to_string(tp) + " is neither 1 nor the world size " +
                         std::to_string(world) + " (the hybrid engine refuses it)";
+}
+
+// HybridEngine's refusals of continuous_batching (one rank's rows alone), as a config problem.
+void check_continuous(StepPlan& plan, const rlhf::PolicyStepConfig& policy, int64_t world) {
+  if (!policy.continuous_batching) return;
+  if (policy.inference_tp_size > 1 || (world > 1 && policy.actor.zero_stage == 3) || policy.enable_cuda_graph) {
+    plan.config_problem = "continuous_batching does not work with inference_tp_size > 1, actor_zero_stage 3 across "
+                          "ranks or enable_cuda_graph yet (the hybrid engine refuses it)";
+  }
 }
 
 void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int step, int64_t rows) {
@@ -206,9 +230,9 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
       b.add(frozen_setup("reward", critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
   const int64_t rows_per_batch = p.per_device_generation_batch_size;
   check_tp(plan, p.inference_tp_size, b.world());
+  check_continuous(plan, p, b.world());
   const int64_t max_out = p.max_prompt_seq_len + p.max_answer_seq_len;
-  add_generation(b, actor, rows_per_batch, max_out, p.enable_hybrid_engine, p.release_inference_cache,
-                 p.inference_tp_size, !p.unpin_actor_parameters, p.tp_gather_partition_size, p.lora_fuse_backup);
+  add_generation(b, actor, rows_per_batch, max_out, p);
   const PassShape full{rows_per_batch, max_out};
   b.append(inference_pass(actor.setup, actor.specs, full, "experience: actor"));
   b.append(inference_pass(reference.setup, reference.specs, full, "experience: reference"));
@@ -241,9 +265,9 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   }
   const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
   check_tp(plan, g.inference_tp_size, b.world());
+  check_continuous(plan, g, b.world());
   const int64_t max_out = g.max_prompt_seq_len + g.max_answer_seq_len;
-  add_generation(b, actor, rows_per_batch, max_out, g.enable_hybrid_engine, g.release_inference_cache,
-                 g.inference_tp_size, !g.unpin_actor_parameters, g.tp_gather_partition_size, g.lora_fuse_backup);
+  add_generation(b, actor, rows_per_batch, max_out, g);
   const PassShape full{g.per_device_training_batch_size, max_out};
   b.append(inference_pass(actor.setup, actor.specs, full, "experience: actor"));
   std::vector<const ModelSetup*> scorer_setups;

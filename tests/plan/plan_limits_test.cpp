@@ -7,6 +7,8 @@
 // checkpointing; one GPU: ZeRO 0; several: ZeRO 3 with layer-by-layer gathers for generation.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "dschat/core/error.h"
 #include "dschat/plan/step_plan.h"
 
@@ -102,6 +104,35 @@ TEST(PlanHardware, TensorParallelNotMatchingTheWorldIsReported) {
   const plan::StepPlan step = plan::plan_step(c, 3, options, -1);
   EXPECT_FALSE(step.fits);
   EXPECT_NE(step.why_not.find("inference_tp_size 4"), std::string::npos) << step.why_not;
+}
+
+TEST(PlanHardware, ContinuousBatchingPlansTheBlockPoolInsteadOfTheWorkspace) {
+  plan::PlanOptions options;
+  options.hardware = plan::hardware_for("h200", 1, 1, 1024);
+  options.count_rows = false;
+  auto generation_items = [&](const rlhf::PipelineConfig& c) {
+    std::map<std::string, int64_t> items;  // what -> device bytes, the actor's generation items
+    for (const auto& item : plan::plan_step(c, 3, options, -1).items) {
+      if (item.model == "actor" && item.phase != "train") items[item.what] = item.device_bytes;
+    }
+    return items;
+  };
+  rlhf::PipelineConfig c = step3_setting("opt-1.3b", 1);  // fp16, 24 layers, 32 heads of 64
+  const int64_t block = 2 * 24 * 16 * 32 * 64 * 2;          // one 16-token block: 3 MiB
+  EXPECT_EQ(generation_items(c).at("KV workspace [L, 2, B, H_kv, max_out_tokens, D]"), 2 * 24 * 1 * 32 * 512 * 64 * 2);
+  c.step3.continuous_batching = true;  // default pool: max_running_sequences (8) rows of 512 tokens
+  auto items = generation_items(c);
+  EXPECT_EQ(items.count("KV workspace [L, 2, B, H_kv, max_out_tokens, D]"), 0u);
+  EXPECT_EQ(items.at("KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)"), 8 * 32 * block);
+  c.step3.kv_cache_memory_mib = 512;  // 170 whole blocks
+  EXPECT_EQ(generation_items(c).at("KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)"), 170 * block);
+  rlhf::PipelineConfig two = step3_setting("opt-1.3b", 2);
+  two.step3.continuous_batching = true;
+  options.hardware = plan::hardware_for("h200", 2, 1, 1024);
+  const plan::StepPlan refused = plan::plan_step(two, 3, options, -1);  // ZeRO-3 across 2 ranks
+  EXPECT_FALSE(refused.fits);
+  EXPECT_NE(refused.config_problem.find("continuous_batching does not work with"), std::string::npos)
+      << refused.config_problem;
 }
 
 }  // namespace
