@@ -3,12 +3,14 @@
 // prefill over cached blocks against a full prefill on every fixture (hidden states within float
 // tolerance), the continuous engine with prefix caching against the same engine without it
 // (greedy and seeded ids) for a shared system prompt, a second chat turn that starts with the
-// first turn's prompt and answer, and recompute preemption; a long prompt prefilled in chunks of
-// the step budget while another sequence decodes, and cancelled mid-prefill.
+// first turn's prompt and answer, recompute preemption and random traffic with cancels; a long
+// prompt prefilled in chunks of the step budget while another sequence decodes, and cancelled
+// mid-prefill.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/kv_block_pool.h"
@@ -234,6 +236,57 @@ TEST_P(PrefixCacheOnFixtures, ALongPromptIsPrefilledInChunksWhileOthersDecode) {
     EXPECT_EQ(chunked.stats().prefill_tokens, 5 + 30);
     while (chunked.has_work()) chunked.step();
     EXPECT_EQ(chunked.pool().free_blocks(), chunked.pool().num_blocks());
+  }
+}
+
+// Random traffic: prompts sharing random-length prefixes of one token run, 2 samples each, one
+// arrival per step into a 15-block pool with 4 rows and a 10-token prefill budget (preemption,
+// chunked prefill, eviction, parking); with prefix caching the ids equal the engine without it,
+// and with random cancels every block ends free or cached.
+TEST(ContinuousEngine, RandomTrafficWithPrefixCachingGivesTheUncachedIdsAndLosesNoBlock) {
+  auto model = models::load_causal_lm(testing::fixture("llama-gqa").string());
+  const int64_t vocab = model->config().vocab_size;
+  for (uint32_t seed : {0u, 1u}) {
+    std::mt19937 draw(seed);
+    const std::vector<int64_t> shared = token_run(40, 3 + seed, vocab);
+    std::vector<std::vector<int64_t>> prompts;
+    for (int p = 0; p < 10; ++p) {
+      std::vector<int64_t> prompt(shared.begin(), shared.begin() + draw() % 30);
+      for (int64_t id : token_run(1 + draw() % 12, p, vocab)) prompt.push_back(id);
+      prompts.push_back(prompt);
+    }
+    auto run = [&](bool prefix_caching, bool cancels) {
+      ContinuousEngineOptions options;
+      options.block_size = 4;
+      options.num_blocks = 15;
+      options.max_running_sequences = 4;
+      options.max_prefill_tokens = 10;
+      options.prefix_caching = prefix_caching;
+      ContinuousEngine engine(model, options);
+      core::GenerationConfig config;
+      config.max_new_tokens = 12;
+      config.num_return_sequences = 2;
+      std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;
+      std::mt19937 cancel_draw(seed + 100);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        engine.submit(prompts[i], config);
+        for (auto& done : engine.step()) answers[{done.request, done.sample}] = done.generated;
+        if (cancels && cancel_draw() % 4 == 0) engine.cancel(cancel_draw() % (i + 1), cancel_draw() % 2);
+      }
+      while (engine.has_work()) {
+        for (auto& done : engine.step()) answers[{done.request, done.sample}] = done.generated;
+      }
+      const int64_t cached = prefix_caching ? engine.prefix_cache()->cached_blocks() : 0;
+      EXPECT_EQ(engine.pool().free_blocks() + cached, engine.pool().num_blocks()) << "seed " << seed;
+      return std::make_pair(answers, engine.stats());
+    };
+    const auto [expected, plain] = run(false, false);
+    const auto [got, cached] = run(true, false);
+    EXPECT_EQ(got, expected) << "seed " << seed;
+    EXPECT_GT(plain.preemptions, 0);
+    EXPECT_GT(cached.prefix_hit_tokens, 0);
+    EXPECT_LT(cached.prefill_tokens, plain.prefill_tokens);
+    run(true, true);
   }
 }
 
