@@ -223,11 +223,7 @@ inference::GenerationResult HybridEngine::generate_continuous(const torch::Tenso
     inference::ContinuousEngineOptions options;
     options.max_running_sequences = he.max_running_sequences;
     options.prefix_caching = he.prefix_caching;  // set_model() empties it after every weight update
-    if (he.kv_cache_memory_mib > 0) {
-      options.kv_cache_memory = he.kv_cache_memory_mib << 20;
-    } else {
-      options.num_blocks = he.max_running_sequences * ((he.max_out_tokens + options.block_size - 1) / options.block_size);
-    }
+    options.size_pool(he.kv_cache_memory_mib << 20, he.max_running_sequences, he.max_out_tokens);
     continuous_ = std::make_unique<inference::ContinuousEngine>(model, options);
   } else {
     continuous_->set_model(model);

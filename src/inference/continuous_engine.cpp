@@ -28,6 +28,19 @@ struct ContinuousEngine::Sequence {
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_length; }
 };
 
+void ContinuousEngineOptions::size_pool(int64_t memory_bytes, int64_t rows, int64_t tokens) {
+  if (memory_bytes > 0) {
+    kv_cache_memory = memory_bytes;
+    num_blocks = 0;
+  } else {
+    num_blocks = rows * ((tokens + block_size - 1) / block_size);
+  }
+}
+
+int64_t ContinuousEngineOptions::pool_blocks(const core::ModelConfig& config, torch::ScalarType dtype) const {
+  return num_blocks > 0 ? num_blocks : KvBlockPool::blocks_for_memory(config, block_size, dtype, kv_cache_memory);
+}
+
 ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptions options) : options_(options) {
   DSCHAT_CHECK(options_.block_size >= 1 && options_.max_running_sequences >= 1 && options_.max_prefill_tokens >= 1,
                InvalidArgument, "continuous engine: block_size (", options_.block_size, "), max_running_sequences (",
@@ -55,10 +68,7 @@ void ContinuousEngine::set_model(models::CausalLM model) {
     if (options_.prefix_caching) prefix_cache_ = std::make_unique<PrefixCache>(*pool_);
     return;  // the pool fits the new model as it is
   }
-  const int64_t blocks = options_.num_blocks > 0
-                             ? options_.num_blocks
-                             : KvBlockPool::blocks_for_memory(config, options_.block_size, first.scalar_type(),
-                                                              options_.kv_cache_memory);
+  const int64_t blocks = options_.pool_blocks(config, first.scalar_type());
   pool_.reset();  // the old pool goes first: the two never coexist
   pool_ = std::make_unique<KvBlockPool>(config, blocks, options_.block_size, first.scalar_type(), first.device());
   if (options_.prefix_caching) prefix_cache_ = std::make_unique<PrefixCache>(*pool_);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dschat/core/error.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/io/model_source.h"
 #include "dschat/rlhf/setup/step_setup.h"
 #include "plan/dataset_rows.h"
@@ -126,14 +127,13 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   const char* when = policy.release_inference_cache ? "generate" : "";
   int64_t decode_rows = rows * std::max<int64_t>(tp, 1);
   if (policy.continuous_batching) {
-    // HybridEngine::generate_continuous: 16-token blocks, kv_cache_memory_mib of them or
-    // max_running_sequences rows of max_out_tokens; the static workspace is never taken.
-    constexpr int64_t kBlockTokens = 16;
-    const int64_t block = kv_workspace_bytes(s.config, s.dtype, 1, kBlockTokens);
-    const int64_t blocks = policy.kv_cache_memory_mib > 0
-                               ? (policy.kv_cache_memory_mib << 20) / block
-                               : policy.max_running_sequences * ((max_out_tokens + kBlockTokens - 1) / kBlockTokens);
-    b.add_item({s.role, "KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)", when, blocks * block, 0});
+    // HybridEngine::generate_continuous's pool, sized by the same rule; the static workspace is
+    // never taken.
+    inference::ContinuousEngineOptions pool;
+    pool.size_pool(policy.kv_cache_memory_mib << 20, policy.max_running_sequences, max_out_tokens);
+    const int64_t bytes = pool.pool_blocks(s.config, s.dtype) *
+                          inference::KvBlockPool::bytes_per_block(s.config, pool.block_size, s.dtype);
+    b.add_item({s.role, "KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)", when, bytes, 0});
     decode_rows = std::min(rows, policy.max_running_sequences);
   } else {
     const int64_t kv = kv_workspace_bytes(s.config, s.dtype, decode_rows, max_out_tokens);

@@ -46,12 +46,9 @@ BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer toke
                options_.kv_cache_memory);
   engine_options_.max_running_sequences = options_.max_batch_rows;
   engine_options_.prefix_caching = options_.prefix_caching;
-  const int64_t row_blocks = (engine_options.max_out_tokens + engine_options_.block_size - 1) / engine_options_.block_size;
-  if (options_.kv_cache_memory > 0) {
-    engine_options_.kv_cache_memory = options_.kv_cache_memory;
-  } else {  // half the rows at their full context: most answers end long before it
-    engine_options_.num_blocks = std::max<int64_t>(1, options_.max_batch_rows / 2) * row_blocks;
-  }
+  // By default half the rows at their full context: most answers end long before it.
+  engine_options_.size_pool(options_.kv_cache_memory, std::max<int64_t>(1, options_.max_batch_rows / 2),
+                            engine_options.max_out_tokens);
   engine_ = std::make_unique<inference::ContinuousEngine>(model_, engine_options_);
   rows_ = std::make_unique<RequestRows>(tokenizer_);
   worker_ = std::thread([this] { work(); });

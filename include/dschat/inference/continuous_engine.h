@@ -72,6 +72,12 @@ struct ContinuousEngineOptions {
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
   bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
+
+  /// Sizes the pool by `memory_bytes` when > 0, else for `rows` sequences of `tokens` tokens
+  /// (num_blocks): the hybrid engine's, dschat serve's and the planner's one rule.
+  void size_pool(int64_t memory_bytes, int64_t rows, int64_t tokens);
+  /// The pool's blocks for `config` in `dtype`: num_blocks when set, else what kv_cache_memory holds.
+  int64_t pool_blocks(const core::ModelConfig& config, torch::ScalarType dtype) const;
 };
 
 /// Per-sample settings of one submit() (empty: the defaults).
