@@ -47,11 +47,10 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
   inference_options.release_workspace_after_generate = he.release_inference_cache;
   inference_options.enable_cuda_graph = he.enable_cuda_graph;
   // Data-parallel ranks generate their own prompts; under ZeRO-3 every forward is collective,
-  // so a rank that finished early keeps stepping. A TP group shares one batch: no lockstep.
-  const bool stage3_ranks = world > 1 && options_.training.config.zero.stage == 3;
-  DSCHAT_CHECK(!he.continuous_batching || (he.inference_tp_size == 1 && !stage3_ranks && !he.enable_cuda_graph),
-               ConfigError, "hybrid_engine.continuous_batching generates one rank's rows alone: it does not work with "
-               "inference_tp_size > 1, ZeRO-3 across ranks (collective forwards) or enable_cuda_graph yet");
+  // so a rank that finished early keeps stepping (either engine). A TP group shares one batch and
+  // one schedule: no lockstep.
+  DSCHAT_CHECK(!he.continuous_batching || !he.enable_cuda_graph, ConfigError,
+               "hybrid_engine.continuous_batching does not capture CUDA graphs yet: set enable_cuda_graph false");
   DSCHAT_CHECK(!he.prefix_caching || he.continuous_batching, ConfigError,
                "hybrid_engine.prefix_caching needs continuous_batching (the static engine shares no KV blocks)");
   if (world > 1 && he.inference_tp_size == 1) inference_options.lockstep = training_->communicator();
@@ -189,16 +188,7 @@ inference::GenerationResult HybridEngine::generate(const torch::Tensor& prompt_i
   samples_ = prompt_ids.size(0) * n * training_->world_size();  // B * n rows per rank
   inference::GenerationResult result;
   if (options_.training.config.hybrid_engine.inference_tp_size > 1) {
-    // The tensor-parallel path still repeats the prompts here (each prompt prefilled n times):
-    // it joins the ranks' rows into one batch and splits the result back by row count, which
-    // it does over the B * n repeated rows with n = 1.
-    const inference::GenerationResult repeated =
-        inference::repeat_for_return_sequences(prompt_ids, prompt_mask, n);
-    const torch::Tensor& input_ids = repeated.sequences;            // [B * n, T]
-    const torch::Tensor& attention_mask = repeated.attention_mask;  // [B * n, T]
-    core::GenerationConfig config = requested;
-    config.num_return_sequences = 1;
-    result = generate_tensor_parallel(input_ids, attention_mask, config);
+    result = generate_tensor_parallel(prompt_ids, prompt_mask, requested);  // [B * n, T + N]
   } else {
     // n answers per prompt from one prefill of each prompt (either engine shares its KV).
     if (self_check_pending_) run_self_check(prompt_ids, prompt_mask);
@@ -208,8 +198,8 @@ inference::GenerationResult HybridEngine::generate(const torch::Tensor& prompt_i
       return result;
     }
     result = inference_->generate(prompt_ids, prompt_mask, requested);  // [B * n, T + N]
+    stats_.generation = inference_->last_stats();
   }
-  stats_.generation = inference_->last_stats();
   generate_seconds_ += seconds_between(start, Clock::now());
   return result;
 }
@@ -224,11 +214,12 @@ inference::GenerationResult HybridEngine::generate_continuous(const torch::Tenso
     options.max_running_sequences = he.max_running_sequences;
     options.prefix_caching = he.prefix_caching;  // set_model() empties it after every weight update
     options.size_pool(he.kv_cache_memory_mib << 20, he.max_running_sequences, he.max_out_tokens);
+    if (training_->world_size() > 1 && he.inference_tp_size == 1) options.lockstep = training_->communicator();
     continuous_ = std::make_unique<inference::ContinuousEngine>(model, options);
   } else {
     continuous_->set_model(model);
   }
-  inference::GenerationResult result = continuous_->generate(prompt_ids, prompt_mask, config);
+  inference::GenerationResult result = continuous_->generate(prompt_ids, prompt_mask, config);  // [B * n, T + N]
   stats_.generation = continuous_->last_stats();
   if (he.release_inference_cache) continuous_.reset();  // its pool goes; the next call takes it again
   return result;
@@ -270,14 +261,26 @@ inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::
   all_ids = all_ids.view({world * batch, longest});
   all_mask = all_mask.view({world * batch, longest});
   if (self_check_pending_) run_self_check(all_ids, all_mask);
-  inference::GenerationResult joint = inference_->generate(all_ids, all_mask, joint_config);
+  // Joint row r * B * n + b * n + j is sample j of rank r's prompt b, seeded as row_seed(seed, that
+  // row) by either engine. The continuous engine shares each prompt's prefill among its n samples;
+  // the static one is given the prompts repeated n times (the same rows and seeds).
+  const int64_t n = config.num_return_sequences, rows = batch * n;
+  inference::GenerationResult joint;
+  if (he_config().continuous_batching) {
+    joint = generate_continuous(all_ids, all_mask, joint_config);  // [world * B * n, T* + N]
+  } else {
+    const inference::GenerationResult repeated = inference::repeat_for_return_sequences(all_ids, all_mask, n);
+    joint_config.num_return_sequences = 1;
+    joint = inference_->generate(repeated.sequences, repeated.attention_mask, joint_config);  // [world * B * n, T* + N]
+    stats_.generation = inference_->last_stats();
+  }
   // This rank's rows without its extra left padding, and without the columns the other ranks'
   // rows went on generating after all of these had stopped (as a generation of its own would).
   const int64_t offset = longest - tokens;
-  torch::Tensor sequences = joint.sequences.narrow(0, rank * batch, batch);      // [B, T* + N]
-  torch::Tensor own_mask = joint.attention_mask.narrow(0, rank * batch, batch);  // [B, T* + N]
+  torch::Tensor sequences = joint.sequences.narrow(0, rank * rows, rows);      // [B * n, T* + N]
+  torch::Tensor own_mask = joint.attention_mask.narrow(0, rank * rows, rows);  // [B * n, T* + N]
   const int64_t generated = joint.sequences.size(1) - longest;
-  torch::Tensor produced = own_mask.narrow(1, longest, generated).sum(1);  // [B] tokens up to and with EOS
+  torch::Tensor produced = own_mask.narrow(1, longest, generated).sum(1);  // [B * n] tokens up to and with EOS
   core::HostSync sync("generation (tensor-parallel answer length, once per call)");
   const int64_t width = tokens + (generated == 0 ? 0 : produced.max().item<int64_t>());
   return {sequences.narrow(1, offset, width).contiguous(), own_mask.narrow(1, offset, width).contiguous()};

@@ -51,8 +51,9 @@ ContinuousEngine::ContinuousEngine(models::CausalLM model, ContinuousEngineOptio
 
 void ContinuousEngine::set_model(models::CausalLM model) {
   DSCHAT_CHECK(!model.is_empty(), InvalidArgument, "continuous engine: no model given");
-  DSCHAT_CHECK(model->backbone().tensor_parallel_group() == nullptr, Unsupported,
-               "continuous engine: tensor-parallel shards are not supported yet; use InferenceEngine");
+  DSCHAT_CHECK(!options_.lockstep || model->backbone().tensor_parallel_group() == nullptr, InvalidArgument,
+               "continuous engine: lockstep is for data-parallel ranks; a tensor-parallel group's ranks run one "
+               "schedule and need none");
   DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: set_model() needs an idle engine");
   model_ = std::move(model);
   // Cached keys/values belong to the old weights (also when the same module was trained in place).
@@ -192,7 +193,13 @@ void ContinuousEngine::cancel_where(const std::function<bool(const Sequence&)>& 
 
 std::vector<SequenceOutput> ContinuousEngine::step() {
   step_tokens_.clear();
-  if (!has_work()) return {};
+  std::vector<SequenceOutput> done;
+  if (has_work()) done = run_step();
+  if (options_.lockstep) finish_lockstep_step();
+  return done;
+}
+
+std::vector<SequenceOutput> ContinuousEngine::run_step() {
   torch::NoGradGuard no_grad;
   for (auto& sequence : running_) sequence->fresh = false;
   // Parked samples (a prompt's n samples when fewer rows were free) take free rows first.
@@ -282,6 +289,7 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
   PagedKvCache cache(*pool_, table, 1);
   cache.gather_for_attention = options_.gather_for_attention;
   torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
+  if (options_.lockstep) vote_for_forward();
   torch::Tensor hidden =
       model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);  // [B, 1, E]
   torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <string>
 
 #include "dschat/core/error.h"
 #include "dschat/inference/logits_processing.h"
@@ -11,8 +12,8 @@
 namespace dschat {
 namespace inference {
 
-GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                            const core::GenerationConfig& config) {
+std::vector<int64_t> ContinuousEngine::submit_rows(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                                   const core::GenerationConfig& config) {
   DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: generate() needs an idle engine (",
                waiting_.size(), " waiting, ", running_.size(), " running)");
   DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
@@ -25,24 +26,60 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   // Read in place, not one .item() (an ATen call) per token.
   const auto id_rows = ids.accessor<int64_t, 2>();
   const auto mask_rows = mask.accessor<int64_t, 2>();
-  for (int64_t b = 0; b < prompts; ++b) {
-    std::vector<int64_t> prompt;  // the row's real tokens
-    for (int64_t t = 0; t < width; ++t) {
-      if (mask_rows[b][t] != 0) prompt.push_back(id_rows[b][t]);
+  std::vector<int64_t> requests;
+  try {
+    for (int64_t b = 0; b < prompts; ++b) {
+      std::vector<int64_t> prompt;  // the row's real tokens
+      for (int64_t t = 0; t < width; ++t) {
+        if (mask_rows[b][t] != 0) prompt.push_back(id_rows[b][t]);
+      }
+      std::vector<uint64_t> seeds;
+      for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
+      requests.push_back(submit(std::move(prompt), config, SampleOptions{std::move(seeds), {}}));
     }
-    std::vector<uint64_t> seeds;
-    for (int64_t j = 0; j < n; ++j) seeds.push_back(row_seed(config.seed, b * n + j));
-    submit(std::move(prompt), config, SampleOptions{std::move(seeds), {}});
+  } catch (...) {
+    for (int64_t request : requests) cancel(request);  // a rejected row takes the call's others with it
+    throw;
   }
+  return requests;
+}
+
+GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                            const core::GenerationConfig& config) {
+  std::vector<int64_t> requests;
+  if (!options_.lockstep) {
+    requests = submit_rows(input_ids, attention_mask, config);
+  } else {
+    // One vote before the first forward: a rank that rejects its input must not leave the others
+    // waiting in a collective.
+    std::string local_error;
+    try {
+      requests = submit_rows(input_ids, attention_mask, config);
+    } catch (const std::exception& e) {
+      local_error = e.what();
+    }
+    torch::Tensor rejected = torch::tensor({local_error.empty() ? int64_t{0} : int64_t{1}}, torch::kInt64);  // [1]
+    options_.lockstep->all_reduce(rejected, dist::ReduceOp::Max);
+    DSCHAT_CHECK(local_error.empty(), InvalidArgument, local_error);
+    if (rejected.item<int64_t>() != 0) {
+      for (int64_t request : requests) cancel(request);
+      DSCHAT_CHECK(false, InvalidArgument,
+                   "lockstep generate: another rank rejected its generate call (see its error); this rank stops too");
+    }
+  }
+  const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
+  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64);        // [B, T]
+  const torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64);  // [B, T]
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
   int64_t longest = 0;
   const auto start = std::chrono::steady_clock::now();
-  const int64_t forwards_before = stats_.prefill_forwards + stats_.decode_forwards;
-  const int64_t hits_before = stats_.prefix_hit_tokens;
-  while (has_work()) {
+  auto forwards = [&] { return stats_.prefill_forwards + stats_.decode_forwards + stats_.idle_forwards; };
+  const int64_t forwards_before = forwards(), hits_before = stats_.prefix_hit_tokens;
+  lockstep_work_left_ = true;
+  while (options_.lockstep ? lockstep_work_left_ : has_work()) {
     for (SequenceOutput& done : step()) {
       longest = std::max(longest, static_cast<int64_t>(done.generated.size()));
-      answers[{done.request - (next_request_ - prompts), done.sample}] = std::move(done.generated);
+      answers[{done.request - requests.front(), done.sample}] = std::move(done.generated);
     }
   }
   GenerationStats& g = generation_stats_;
@@ -51,7 +88,7 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
   g.prefill_rows = prompts;
   g.prompt_tokens = width;
   g.new_tokens = longest;
-  g.forward_steps = stats_.prefill_forwards + stats_.decode_forwards - forwards_before;
+  g.forward_steps = forwards() - forwards_before;  // idle lockstep forwards included
   g.cached_prompt_tokens = stats_.prefix_hit_tokens - hits_before;
   g.latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   g.parameters = parameters_;

@@ -74,6 +74,7 @@ torch::Tensor ContinuousEngine::prefill_chunk(Sequence& first, int64_t chunk) {
   const std::vector<int64_t> fed(first.tokens.begin() + first.cached, first.tokens.begin() + first.cached + chunk);
   torch::Tensor ids = torch::tensor(fed, torch::kInt64).to(device).unsqueeze(0);  // [1, chunk]
   // No padding: over cached tokens the mask is all ones (a causal bias over cached + fed columns).
+  if (options_.lockstep) vote_for_forward();
   torch::Tensor hidden =
       model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kUnpadded);  // [1, chunk, E]
   first.cached += chunk;

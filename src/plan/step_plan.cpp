@@ -9,6 +9,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/inference/continuous_engine.h"
+#include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/model_source.h"
 #include "dschat/rlhf/setup/step_setup.h"
 #include "plan/dataset_rows.h"
@@ -127,14 +128,16 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   const char* when = policy.release_inference_cache ? "generate" : "";
   int64_t decode_rows = rows * std::max<int64_t>(tp, 1);
   if (policy.continuous_batching) {
-    // HybridEngine::generate_continuous's pool, sized by the same rule; the static workspace is
-    // never taken.
+    // HybridEngine::generate_continuous's pool, sized by the same rule over the rank's shard (its
+    // key/value heads) when tp > 1; the static workspace is never taken. A TP group decodes its
+    // joint batch, at most max_running_sequences rows at a time.
     inference::ContinuousEngineOptions pool;
     pool.size_pool(policy.kv_cache_memory_mib << 20, policy.max_running_sequences, max_out_tokens);
-    const int64_t bytes = pool.pool_blocks(s.config, s.dtype) *
-                          inference::KvBlockPool::bytes_per_block(s.config, pool.block_size, s.dtype);
+    const core::ModelConfig shard = tp > 1 ? inference::tensor_parallel_shard_config(s.config, tp) : s.config;
+    const int64_t bytes = pool.pool_blocks(shard, s.dtype) *
+                          inference::KvBlockPool::bytes_per_block(shard, pool.block_size, s.dtype);
     b.add_item({s.role, "KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)", when, bytes, 0});
-    decode_rows = std::min(rows, policy.max_running_sequences);
+    decode_rows = std::min(decode_rows, policy.max_running_sequences);
   } else {
     const int64_t kv = kv_workspace_bytes(s.config, s.dtype, decode_rows, max_out_tokens);
     b.add_item({s.role, "KV workspace [L, 2, B, H_kv, max_out_tokens, D]", when, kv, 0});
@@ -171,12 +174,11 @@ void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
                         std::to_string(world) + " (the hybrid engine refuses it)";
 }
 
-// HybridEngine's refusals of continuous_batching (one rank's rows alone), as a config problem.
-void check_continuous(StepPlan& plan, const rlhf::PolicyStepConfig& policy, int64_t world) {
-  if (!policy.continuous_batching) return;
-  if (policy.inference_tp_size > 1 || (world > 1 && policy.actor.zero_stage == 3) || policy.enable_cuda_graph) {
-    plan.config_problem = "continuous_batching does not work with inference_tp_size > 1, actor_zero_stage 3 across "
-                          "ranks or enable_cuda_graph yet (the hybrid engine refuses it)";
+// HybridEngine's refusal of continuous_batching with CUDA graphs, as a config problem.
+void check_continuous(StepPlan& plan, const rlhf::PolicyStepConfig& policy) {
+  if (policy.continuous_batching && policy.enable_cuda_graph) {
+    plan.config_problem = "continuous_batching does not capture CUDA graphs yet: enable_cuda_graph must be false "
+                          "(the hybrid engine refuses it)";
   }
 }
 
@@ -230,7 +232,7 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
       b.add(frozen_setup("reward", critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
   const int64_t rows_per_batch = p.per_device_generation_batch_size;
   check_tp(plan, p.inference_tp_size, b.world());
-  check_continuous(plan, p, b.world());
+  check_continuous(plan, p);
   const int64_t max_out = p.max_prompt_seq_len + p.max_answer_seq_len;
   add_generation(b, actor, rows_per_batch, max_out, p);
   const PassShape full{rows_per_batch, max_out};
@@ -265,7 +267,7 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   }
   const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
   check_tp(plan, g.inference_tp_size, b.world());
-  check_continuous(plan, g, b.world());
+  check_continuous(plan, g);
   const int64_t max_out = g.max_prompt_seq_len + g.max_answer_seq_len;
   add_generation(b, actor, rows_per_batch, max_out, g);
   const PassShape full{g.per_device_training_batch_size, max_out};

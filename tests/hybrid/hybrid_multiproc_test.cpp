@@ -1,9 +1,11 @@
 // HybridEngine across processes (Gloo): ZeRO-3 gathered generation (pinned, and layer by layer in
-// lockstep) and tensor-parallel generation give the ids a plain single-process generation gives;
+// lockstep) and tensor-parallel generation, with the static or the continuous engine, give the ids
+// a plain single-process generation gives;
 // ranks whose prompts stop at different lengths all finish; after a training step, every way of
 // generating agrees with stage 0. The ranks are tests/hybrid/hybrid_worker.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -61,6 +63,13 @@ void expect_like_reference(const Run& run, bool compare_after_step = true) {
     if (report.contains("eos_matches")) {
       EXPECT_TRUE(report["eos_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
     }
+    if (report.contains("shared_matches")) {
+      EXPECT_TRUE(report["shared_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
+      // Every prompt after the first of the batch generated together (2 per rank; the TP group's
+      // joint batch of 2 * tp) takes the shared prefix's one full 16-token block from the cache.
+      const bool joint = std::find(run.flags.begin(), run.flags.end(), "--tp") != run.flags.end();
+      EXPECT_EQ(report["shared_cached_tokens"].get<int64_t>(), 16 * ((joint ? 2 * run.world : 2) - 1)) << run.name;
+    }
     EXPECT_EQ(report["inference_bytes_after_train"].get<int64_t>(), 0) << run.name;
     if (compare_after_step && r < 2) {
       EXPECT_EQ(report["after_step"], reference[r]["after_step"]) << run.name << " rank " << r;
@@ -95,6 +104,22 @@ TEST(HybridMultiproc, Stage3LayerByLayerGenerationInLockstepEqualsStage0) {
 
 TEST(HybridMultiproc, Stage3UnpinnedWithLoraFusesPerLayer) {
   expect_like_reference({"stage 3 unpinned lora", 2, {"--stage", "3", "--pin", "0", "--lora"}}, false);
+}
+
+// The continuous engine with prefix caching: data-parallel ranks under ZeRO-3 gather each layer
+// on every forward, so their forwards pair up by vote (idle ones for the rank that ended first).
+TEST(HybridMultiproc, Stage3LayerByLayerContinuousBatchingInLockstepEqualsStage0) {
+  expect_like_reference({"stage 3 unpinned continuous", 2, {"--stage", "3", "--pin", "0", "--uneven", "--continuous"}});
+}
+
+// A TP group runs one continuous schedule over the joint batch, each rank on its shard's blocks.
+TEST(HybridMultiproc, TensorParallelContinuousBatchingEqualsSingleProcess) {
+  expect_like_reference({"tp 2 continuous", 2, {"--stage", "0", "--tp", "2", "--uneven", "--continuous"}});
+}
+
+TEST(HybridMultiproc, TensorParallelFromStage3GroupsWithContinuousBatching) {
+  expect_like_reference(
+      {"tp 2 stage 3 continuous", 2, {"--stage", "3", "--tp", "2", "--pin", "0", "--gather", "1", "--continuous"}});
 }
 
 TEST(HybridMultiproc, TensorParallelViewsEqualSingleProcess) {

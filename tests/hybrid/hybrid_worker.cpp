@@ -7,10 +7,13 @@
 //   2. with --uneven, rank 0's second generated token becomes the EOS of every rank, so the
 //      ranks finish at different lengths; compared the same way: "eos_matches";
 //   3. trains one step, generates again ("after_step": compared across runs by the test);
+//   4. with --continuous (continuous_batching and prefix_caching on), generates 2 prompts that
+//      share their first 20 tokens on every rank: "shared_matches", and "shared_cached_tokens"
+//      (the prompt tokens the prefix cache gave, which the test counts);
 // and writes <out>.rank<r>.json. The self-check runs at every switch.
 //
 // usage: dschat_hybrid_worker --out F [--stage S] [--tp T] [--pin 0|1] [--gather N] [--lora]
-//            [--bf16-generation] [--uneven] [--timeout-ms T]
+//            [--bf16-generation] [--uneven] [--continuous] [--timeout-ms T]
 #include <fstream>
 #include <string>
 
@@ -37,6 +40,7 @@ struct Args {
   bool lora = false;
   bool bf16_generation = false;
   bool uneven = false;
+  bool continuous = false;
   int64_t timeout_ms = 60000;
 };
 
@@ -52,6 +56,7 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--lora")) args.lora = true;
     else if (flags.is("--bf16-generation")) args.bf16_generation = true;
     else if (flags.is("--uneven")) args.uneven = true;
+    else if (flags.is("--continuous")) args.continuous = true;
     else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
     else flags.unknown();
   }
@@ -116,7 +121,9 @@ int run(const Args& args) {
                {"inference_tp_size", args.tp},
                {"release_inference_cache", true},
                {"pin_parameters", args.pin},
-               {"tp_gather_partition_size", args.gather}}}};
+               {"tp_gather_partition_size", args.gather},
+               {"continuous_batching", args.continuous},
+               {"prefix_caching", args.continuous}}}};
   hybrid::HybridEngineOptions options;
   options.training.config = engine::DeepSpeedConfig::parse(ds, world, "hybrid_worker");
   options.training.optimizer.lr = 1e-2;
@@ -160,6 +167,20 @@ int run(const Args& args) {
     sampled.seed = 500;
     const torch::Tensor rank0_seed = engine.generate(ids, mask, sampled).sequences;  // [2, T + 8]
     report["tp_sampling_agrees"] = torch::equal(own_seeds, rank0_seed);
+  }
+
+  if (args.continuous) {
+    // 20 shared tokens (the same on every rank: generator 99), then 4 of the row's own.
+    torch::Generator shared_generator = at::detail::createCPUGenerator(99);
+    torch::Tensor shared = torch::randint(3, config.vocab_size, {1, 20}, shared_generator, torch::kInt64);  // [1, 20]
+    torch::Generator own_generator = at::detail::createCPUGenerator(200 + rank);  // leaves `generator` as it was
+    torch::Tensor own = torch::randint(3, config.vocab_size, {2, 4}, own_generator, torch::kInt64);  // [2, 4]
+    torch::Tensor shared_ids = torch::cat({shared.expand({2, 20}), own}, 1);                                 // [2, 24]
+    torch::Tensor shared_mask = torch::ones({2, 24}, torch::kInt64);                                        // [2, 24]
+    auto got = engine.generate(shared_ids, shared_mask, greedy);
+    report["shared_matches"] =
+        torch::equal(got.sequences, inference::generate(reference, shared_ids, shared_mask, greedy).sequences);
+    report["shared_cached_tokens"] = engine.last_stats().generation.cached_prompt_tokens;
   }
 
   engine.train();

@@ -261,6 +261,15 @@ TEST(ContinuousEngine, NSamplesHoldThePromptsBlocksOnceAndBadInputIsNamed) {
   engine.submit(prompt, config);
   torch::Tensor ids = torch::ones({1, 3}, torch::kInt64);  // [1, 3]
   EXPECT_THROW_WITH(engine.generate(ids, ids, config), core::InvalidArgument, "needs an idle engine (1 waiting");
+  while (engine.has_work()) engine.step();
+  // A generate() batch whose second row the pool cannot hold queues none of its rows.
+  torch::Tensor batch = torch::full({2, 170}, 5, torch::kInt64);  // [2, 170]
+  torch::Tensor mask = torch::ones({2, 170}, torch::kInt64);      // [2, 170]
+  mask[0].narrow(0, 0, 160).zero_();                               // row 0: 10 tokens, row 1: 170
+  config.max_new_tokens = 3;
+  EXPECT_THROW_WITH(engine.generate(batch, mask, config), core::InvalidArgument, "prompt (170 tokens)");
+  EXPECT_FALSE(engine.has_work());
+  EXPECT_EQ(engine.generate(batch.narrow(0, 0, 1), mask.narrow(0, 0, 1), config).sequences.size(0), 1);
 }
 
 }  // namespace

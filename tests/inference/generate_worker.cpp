@@ -4,12 +4,17 @@
 // EOS is chosen so that rank 0 finishes after a couple of tokens while rank 1 runs all
 // --new-tokens steps: the first of row 0's greedy tokens (from the second on) that rows 1 and 2
 // never emit. Each rank then generates the same prompts alone (no lockstep) and compares.
-// Writes <out>/rank<r>.json: {"equal", "length", "forward_steps", "eos"}; exits 3 when the
-// lockstep ids differ from the ones generated alone, 1 on an error (message on stderr).
+// With --continuous the lockstep engine is a ContinuousEngine (2 decode rows, so rank 1 prefills
+// two prompts in its first step where rank 0 prefills one) and every forward is collective the
+// way ZeRO-3 makes it: layer hooks all-reduce (forward index, layer) and throw when the ranks
+// disagree, so a forward one rank runs alone fails instead of pairing with another.
+// Writes <out>/rank<r>.json: {"equal", "length", "forward_steps", "eos", "idle_forwards"}; exits 3
+// when the lockstep ids differ from the ones generated alone, 1 on an error (message on stderr).
 //
 // usage: dschat_generate_worker --model DIR --out DIR [--new-tokens N] [--timeout-ms T]
 //            [--mismatch]        rank r asks for N + r new tokens (a lockstep error)
 //            [--overflow-rank R] rank R's engine is too small for its prompt (a local error)
+//            [--continuous]      the continuous engine under collective layer hooks
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -19,7 +24,9 @@
 
 #include "dschat/core/error.h"
 #include "dschat/dist/process_group.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
+#include "dschat/nn/layer_hooks.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/npy.h"
 #include "../worker_args.h"
@@ -35,6 +42,7 @@ struct Args {
   int64_t timeout_ms = 20000;
   bool mismatch = false;
   int64_t overflow_rank = -1;
+  bool continuous = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -47,6 +55,7 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--timeout-ms")) args.timeout_ms = flags.int_value();
     else if (flags.is("--mismatch")) args.mismatch = true;
     else if (flags.is("--overflow-rank")) args.overflow_rank = flags.int_value();
+    else if (flags.is("--continuous")) args.continuous = true;
     else flags.unknown();
   }
   return args;
@@ -58,6 +67,28 @@ inference::InferenceEngineOptions engine_options(int64_t max_out_tokens) {
   options.log_stats = false;
   return options;
 }
+
+// ZeRO-3's shape of collectives without its partitions: every forward and every layer of it
+// all-reduces its index, and the ranks must agree.
+class CollectiveLayerCheck : public nn::LayerParameterHooks {
+ public:
+  explicit CollectiveLayerCheck(std::shared_ptr<dist::Communicator> communicator)
+      : communicator_(std::move(communicator)) {}
+  void begin_forward() override { agree("forward", forwards_++); }
+  void acquire_layer(int64_t layer) override { agree("layer", layer); }
+  void release_layer(int64_t) override {}
+  void layer_gradients_ready(int64_t) override {}
+
+ private:
+  void agree(const char* what, int64_t index) {
+    torch::Tensor range = torch::tensor({index, -index}, torch::kInt64);  // [2]: max, -min over ranks
+    communicator_->all_reduce(range, dist::ReduceOp::Max);
+    DSCHAT_CHECK(range[0].item<int64_t>() == -range[1].item<int64_t>(), Error, "ranks out of step: ", what, " ",
+                 index, " here, ", -range[1].item<int64_t>(), " to ", range[0].item<int64_t>(), " over the ranks");
+  }
+  std::shared_ptr<dist::Communicator> communicator_;
+  int64_t forwards_ = 0;
+};
 
 // The first of row 0's generated tokens (from the second on) that rows 1 and 2 never generate.
 int64_t choose_eos(const torch::Tensor& greedy, int64_t prompt) {
@@ -90,18 +121,36 @@ int run(const Args& args) {
   const torch::Tensor mask = all_mask.narrow(0, first, rows);  // [rows, T]
   const inference::GenerationResult reference = alone.generate(ids, mask, config);
 
-  inference::InferenceEngineOptions options = engine_options(prompt + args.new_tokens + 1);
-  if (rank == args.overflow_rank) options.max_out_tokens = prompt;
-  options.lockstep = communicator;
-  inference::InferenceEngine engine(model, options);
   if (args.mismatch) config.max_new_tokens += rank;
-  const inference::GenerationResult result = engine.generate(ids, mask, config);
+  inference::GenerationResult result;
+  int64_t forward_steps = 0, idle_forwards = 0;
+  if (args.continuous) {
+    inference::ContinuousEngineOptions options;
+    options.block_size = 4;
+    options.max_running_sequences = 2;
+    options.num_blocks = rank == args.overflow_rank ? 2 : 16;
+    options.lockstep = communicator;
+    CollectiveLayerCheck check(communicator);
+    model->backbone().set_layer_parameter_hooks(&check);
+    inference::ContinuousEngine engine(model, options);
+    result = engine.generate(ids, mask, config);
+    model->backbone().set_layer_parameter_hooks(nullptr);
+    forward_steps = engine.last_stats().forward_steps;
+    idle_forwards = engine.stats().idle_forwards;
+  } else {
+    inference::InferenceEngineOptions options = engine_options(prompt + args.new_tokens + 1);
+    if (rank == args.overflow_rank) options.max_out_tokens = prompt;
+    options.lockstep = communicator;
+    inference::InferenceEngine engine(model, options);
+    result = engine.generate(ids, mask, config);
+    forward_steps = engine.last_stats().forward_steps;
+  }
 
   const bool equal = torch::equal(result.sequences, reference.sequences) &&
                      torch::equal(result.attention_mask, reference.attention_mask);
   if (!equal) std::cerr << "rank " << rank << ": lockstep\n" << result.sequences << "\nalone\n" << reference.sequences << "\n";
   json report = {{"equal", equal}, {"length", result.sequences.size(1)},
-                 {"forward_steps", engine.last_stats().forward_steps}, {"eos", *config.eos_token_id}};
+                 {"forward_steps", forward_steps}, {"eos", *config.eos_token_id}, {"idle_forwards", idle_forwards}};
   std::ofstream(std::filesystem::path(args.out) / ("rank" + std::to_string(rank) + ".json")) << report.dump();
   communicator->barrier();
   return equal ? 0 : 3;

@@ -8,8 +8,6 @@
 // copies), the errors.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "dschat/inference/generate.h"
@@ -18,6 +16,7 @@
 #include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/npy.h"
 #include "dschat/nn/lora.h"
+#include "fake_tp_group.h"
 #include "model_fixtures.h"
 #include "rank_jobs.h"
 #include "test_util.h"
@@ -69,52 +68,10 @@ void expect_same_as_reference(const Outcome& reference, const Outcome& tp, const
       << what << "\nTP:\n" << tp.sequences << "\nreference:\n" << reference.sequences;
 }
 
-// ---- ranks as threads --------------------------------------------------------------------
+// ---- ranks as threads (fake_tp_group.h) ---------------------------------------------------
 
-// A sum over `size` threads: each adds its tensor, the last one publishes the result.
-class SharedSum {
- public:
-  explicit SharedSum(int64_t size) : size_(size) {}
-  void sum(torch::Tensor& t) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int64_t round = round_;
-    accumulated_ = arrived_ == 0 ? t.clone() : accumulated_ + t;
-    if (++arrived_ == size_) {
-      result_ = accumulated_;
-      arrived_ = 0;
-      ++round_;
-      done_.notify_all();
-    } else {
-      // A rank that failed never arrives: time out rather than hang the test.
-      if (!done_.wait_for(lock, std::chrono::seconds(60), [&] { return round_ != round; })) {
-        throw std::runtime_error("SharedSum: the other ranks did not arrive within 60 s");
-      }
-    }
-    t.copy_(result_);
-  }
-
- private:
-  int64_t size_, arrived_ = 0, round_ = 0;
-  std::mutex mutex_;
-  std::condition_variable done_;
-  torch::Tensor accumulated_, result_;  // [...] shaped as the tensors being summed
-};
-
-class FakeGroup : public nn::TensorParallelGroup {
- public:
-  FakeGroup(int64_t rank, int64_t size, std::shared_ptr<SharedSum> sum = nullptr)
-      : rank_(rank), size_(size), sum_(std::move(sum)) {}
-  int64_t rank() const override { return rank_; }
-  int64_t size() const override { return size_; }
-  void all_reduce_sum(torch::Tensor& t) override {
-    ASSERT_NE(sum_, nullptr) << "this fake group cannot reduce";
-    sum_->sum(t);
-  }
-
- private:
-  int64_t rank_, size_;
-  std::shared_ptr<SharedSum> sum_;
-};
+using testing::FakeGroup;
+using testing::SharedSum;
 
 std::vector<Outcome> run_threads(models::CausalLM& full, const Prompts& p, int64_t tp, ShardStorage storage) {
   auto sum = std::make_shared<SharedSum>(tp);

@@ -126,12 +126,24 @@ TEST(PlanHardware, ContinuousBatchingPlansTheBlockPoolInsteadOfTheWorkspace) {
   EXPECT_EQ(items.at("KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)"), 8 * 32 * block);
   c.step3.kv_cache_memory_mib = 512;  // 170 whole blocks
   EXPECT_EQ(generation_items(c).at("KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)"), 170 * block);
+  // A TP group: each rank's pool holds its shard's 32 / 2 heads; under ZeRO-3 across ranks too.
   rlhf::PipelineConfig two = step3_setting("opt-1.3b", 2);
   two.step3.continuous_batching = true;
+  two.step3.inference_tp_size = 2;
   options.hardware = plan::hardware_for("h200", 2, 1, 1024);
-  const plan::StepPlan refused = plan::plan_step(two, 3, options, -1);  // ZeRO-3 across 2 ranks
+  const plan::StepPlan tp = plan::plan_step(two, 3, options, -1);
+  EXPECT_EQ(tp.config_problem, "");
+  for (const auto& item : tp.items) {
+    if (item.model == "actor" && item.what == "KV block pool [L, 2, N, 16, H_kv, D] (continuous_batching)") {
+      EXPECT_EQ(item.device_bytes, 8 * 32 * block / 2);
+    }
+  }
+  two.step3.inference_tp_size = 1;
+  EXPECT_EQ(plan::plan_step(two, 3, options, -1).config_problem, "");  // ZeRO-3 ranks in lockstep
+  two.step3.enable_cuda_graph = true;
+  const plan::StepPlan refused = plan::plan_step(two, 3, options, -1);
   EXPECT_FALSE(refused.fits);
-  EXPECT_NE(refused.config_problem.find("continuous_batching does not work with"), std::string::npos)
+  EXPECT_NE(refused.config_problem.find("continuous_batching does not capture CUDA graphs"), std::string::npos)
       << refused.config_problem;
 }
 

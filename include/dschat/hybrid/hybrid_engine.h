@@ -20,6 +20,10 @@
 //     time (ZeRO 3 gathers each group, copies its slices and releases it). The ranks' prompt
 //     batches are concatenated over the TP group and each rank keeps its own rows.
 //   * LoRA adapters are fused into the base weights for generation and unfused after, bit for bit.
+//   * hybrid_engine.continuous_batching: the continuous engine (paged KV blocks, n samples sharing
+//     their prompt's blocks, prefix_caching emptied at every eval()) instead of the static one, in
+//     every case above: a TP group runs one schedule over the joint batch, and data-parallel ranks
+//     under ZeRO-3 vote before each forward (ContinuousEngineOptions::lockstep).
 // release_inference_cache frees the KV workspace after every generate() and takes it again
 // before the next; train() then checks that the memory is back at the training level.
 #include <torch/torch.h>

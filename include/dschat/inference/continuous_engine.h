@@ -41,8 +41,22 @@
 // anything is preempted. A cached prefix changes the prefill's shapes, so ids equal the uncached
 // engine's up to float rounding (greedy ids equal on every fixture; tests); set_model() empties it.
 //
-// Not yet: a CUDA paged decode-attention kernel (a CUDA device runs the gathering reference), tensor-parallel shards,
-// lockstep across ranks, step hooks (dschat serve). Not thread-safe.
+// Tensor-parallel shards (inference/tensor_parallel.h): every rank of the group runs its own
+// engine over its shard on the same prompts; the scheduler's decisions depend only on the prompts,
+// configs and the (identical) sampled tokens, so the ranks admit, preempt, cache and free the same
+// blocks in the same steps and every forward's all-reduces pair up. Each rank's pool holds its own
+// key/value heads.
+//
+// Lockstep (options.lockstep, data-parallel ranks with different prompts whose forwards are
+// collective, ZeRO-3's layer gathers): before each forward the rank votes "forward" in an
+// all-reduce; at the end of a step it votes "done" (and whether it has work left) until every rank
+// is done, running an idle one-token forward (no cache) for each vote a rank with more forwards in
+// this step wins. So every rank runs the same number of forwards, and generate() returns when no
+// rank has work. With lockstep only generate() (or step() on every rank, until
+// lockstep_work_left() is false on all) may be called.
+//
+// Not yet: a CUDA paged decode-attention kernel (a CUDA device runs the gathering reference), CUDA
+// graphs. Not thread-safe.
 
 #include <torch/torch.h>
 
@@ -54,6 +68,7 @@
 #include <vector>
 
 #include "dschat/core/generation_config.h"
+#include "dschat/dist/process_group.h"
 #include "dschat/inference/generate.h"
 #include "dschat/inference/generation_stats.h"
 #include "dschat/inference/kv_block_pool.h"
@@ -72,6 +87,9 @@ struct ContinuousEngineOptions {
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
   bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
+  /// Data-parallel ranks whose forwards are collective (ZeRO-3): every rank runs as many forwards
+  /// as the busiest (idle ones where it has none). Not with a tensor-parallel shard.
+  std::shared_ptr<dist::Communicator> lockstep;
 
   /// Sizes the pool by `memory_bytes` when > 0, else for `rows` sequences of `tokens` tokens
   /// (num_blocks): the hybrid engine's, dschat serve's and the planner's one rule.
@@ -116,6 +134,7 @@ struct ContinuousStats {
   int64_t copy_on_write = 0;     // blocks copied because a sample wrote into a shared one
   int64_t parked_samples = 0;    // samples prefilled with their prompt that waited for a free row
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of prefilled
+  int64_t idle_forwards = 0;      // lockstep: one-token forwards run while another rank had work
 };
 
 class ContinuousEngine {
@@ -134,7 +153,10 @@ class ContinuousEngine {
   /// max_new_tokens that the whole pool could not hold.
   int64_t submit(std::vector<int64_t> prompt, const core::GenerationConfig& config, const SampleOptions& samples = {});
   /// One iteration (admit, prefill, decode, retire); returns the sequences that finished in it.
+  /// With lockstep it is collective (every rank calls it, also one without work).
   std::vector<SequenceOutput> step();
+  /// Lockstep: whether some rank still had work after the last step() (true before the first).
+  bool lockstep_work_left() const { return lockstep_work_left_; }
   /// Every token drawn in the last step(), in the order drawn.
   const std::vector<StepToken>& last_step_tokens() const { return step_tokens_; }
   /// Ends every sequence of `request` now (a client that left, a stop string): waiting ones leave
@@ -150,7 +172,9 @@ class ContinuousEngine {
   int64_t running_sequences() const;  // parked and those being prefilled in chunks included
 
   /// InferenceEngine::generate's contract: ids, mask [B, T] left-padded -> [B * n, T + N], prompt
-  /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done.
+  /// b's samples in rows [b * n, (b + 1) * n), pad (mask 0) after a row's end. Runs until done
+  /// (with lockstep: until every rank is done). Input a rank rejects leaves nothing queued; with
+  /// lockstep every rank then throws (core::InvalidArgument), before any forward.
   GenerationResult generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                             const core::GenerationConfig& config);
 
@@ -189,6 +213,16 @@ class ContinuousEngine {
   /// Draws each sequence's next token from its row of logits [S, V] and records it.
   void sample_into(const std::vector<Sequence*>& sequences, const torch::Tensor& logits);
   std::vector<SequenceOutput> retire_finished();
+  /// step() without lockstep's end-of-step votes.
+  std::vector<SequenceOutput> run_step();
+  /// Lockstep: this rank's vote before one of its own forwards.
+  void vote_for_forward();
+  /// Lockstep: votes "done" (and has_work()) until no rank wants a forward, running an idle
+  /// forward each time one does; records whether any rank has work left.
+  void finish_lockstep_step();
+  /// Submits every row of a generate() call (its request ids); on failure none stays queued.
+  std::vector<int64_t> submit_rows(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                                   const core::GenerationConfig& config);
   void free_blocks(Sequence& sequence);
   void cancel_where(const std::function<bool(const Sequence&)>& matches);
   int64_t blocks_for(int64_t tokens) const { return (tokens + options_.block_size - 1) / options_.block_size; }
@@ -207,6 +241,7 @@ class ContinuousEngine {
   int64_t next_request_ = 0;
   int64_t parameters_ = 0;  // elements of model_'s parameters (the generation statistics)
   int64_t admissions_ = 0;  // admission counter: the latest admitted is preempted first
+  bool lockstep_work_left_ = true;
   ContinuousStats stats_;
   std::vector<StepToken> step_tokens_;
   GenerationStats generation_stats_;
