@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(kThreads)
   const T* q = p.q + b * p.q_stride_b + h * p.q_stride_h;                // [D]
   const T* k = p.k + b * p.k_stride_b + kv_head * p.k_stride_h;          // [S, D] at k_stride_s
   const T* v = p.v + b * p.v_stride_b + kv_head * p.v_stride_h;          // [S, D] at v_stride_s
-  const int64_t* mask = p.mask == nullptr ? nullptr : p.mask + b * p.mask_stride_b;  // [S]
+  const int64_t* mask = p.mask == nullptr ? nullptr : p.mask + b * p.mask_stride_b;      // [S]
+  const int64_t* slots = p.slots == nullptr ? nullptr : p.slots + b * p.slots_stride_b;  // [S] pool rows
   for (int d = tid; d < dim; d += kThreads) q_s[d] = detail::to_float(q[d]);
 
   // Scoring: `tpk` lanes (a power of two <= 32) per key, each a strided slice of D's vectors.
@@ -75,8 +76,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int first = 0; first < n; first += key_groups) {
       const int j = first + group;
       float dot = 0.f;
-      if (j < n) {
-        const T* key = k + (tile + j) * p.k_stride_s;
+      const bool real = j < n && (mask == nullptr || mask[tile + j] != 0);  // a masked key is not read
+      if (real) {
+        const int64_t key_row = slots == nullptr ? tile + j : slots[tile + j];
+        const T* key = k + key_row * p.k_stride_s;
         for (int vi = group_lane; vi < vecs; vi += tpk) {
           float kv[V];
           detail::load_vec<T, V>(key + vi * V, kv);
@@ -85,10 +88,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       for (int offset = tpk / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      if (j < n && group_lane == 0) {
-        const bool real = mask == nullptr || mask[tile + j] != 0;
-        probs[j] = real ? dot * p.scale : p.masked_score;
-      }
+      if (j < n && group_lane == 0) probs[j] = real ? dot * p.scale : p.masked_score;
     }
     __syncthreads();
 
@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < V; ++e) acc[j][e] *= rescale;
       for (int key = lane; key < n; key += lanes) {
         const float weight = probs[key];
-        const T* value = v + (tile + key) * p.v_stride_s;
+        const int64_t value_row = slots == nullptr ? tile + key : slots[tile + key];
+        const T* value = v + value_row * p.v_stride_s;
 #pragma unroll
         for (int j = 0; j < kMaxVecsPerThread; ++j) {
           const int vi = row_thread + j * tpr;

@@ -3,7 +3,11 @@
 // a key-padding mask, fp32 scores/softmax/accumulation. Split-K over the keys when the batch
 // alone does not fill the GPU (flash-decoding), merged by a second small kernel.
 //   out[b, h, :] = softmax_s(scale * q[b, h, :] . k[b, h / G, s, :]) @ v[b, h / G, s, :],
-//   s < length, masked keys (mask[b, s] == 0) scored `masked_score`, G = heads / kv_heads.
+//   s < length, masked keys (mask[b, s] == 0) scored `masked_score` (their keys are not read),
+//   G = heads / kv_heads.
+// Paged (slots set): k and v are a block pool's token rows [N, H_kv * D] and key column s of row b
+// is pool row slots[b, s] (vLLM's PagedAttention through a block table; the left-padded frame of
+// inference::PagedKvCache, whose padding columns are masked).
 // Raw pointers, sizes and a stream; no allocation (the caller passes the split workspace),
 // no synchronisation.
 
@@ -23,6 +27,9 @@ struct DecodeAttentionParams {
   const T* k;            // [B, H_kv, >= length, D] at k_stride_*, last dim contiguous
   const T* v;            // [B, H_kv, >= length, D] at v_stride_*, last dim contiguous
   const int64_t* mask;   // [B, length] at mask_stride_b (nonzero = real key), or null = all real
+  const int64_t* slots;  // paged: [B, length] at slots_stride_b, the pool row of each key column
+                         // (then k_stride_b = v_stride_b = 0, k_stride_h = D, k_stride_s = the
+                         // pool row's stride); null: column s is index s of k / v
   T* out;                // [B, H, D] contiguous
   float* workspace;      // decode_attention_workspace_floats(...) floats when num_splits > 1, else unused
   int64_t batch, heads, kv_heads, head_dim, length;
@@ -30,6 +37,7 @@ struct DecodeAttentionParams {
   int64_t k_stride_b, k_stride_h, k_stride_s;
   int64_t v_stride_b, v_stride_h, v_stride_s;
   int64_t mask_stride_b;
+  int64_t slots_stride_b;
   float scale;         // applied to q . k
   float masked_score;  // the score of a masked key (the dtype's lowest finite value)
   int num_splits;      // from decode_attention_num_splits

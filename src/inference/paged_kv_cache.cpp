@@ -51,7 +51,7 @@ torch::Tensor PagedKvCache::attend_decode_step(int64_t layer, const torch::Tenso
   torch::Tensor keys = pool_->keys(layer), values = pool_->values(layer);  // [N * block_size, H_kv * D]
   keys.index_copy_(0, write_slots_, k.transpose(1, 2).reshape({batch_, heads * dim}));
   values.index_copy_(0, write_slots_, v.transpose(1, 2).reshape({batch_, heads * dim}));
-  return ops::paged_decode_attention(q, keys, values, read_slots_.view({batch_, width_ + 1}), lengths_, scale);
+  return ops::paged_decode_attention(q, keys, values, read_slots_.view({batch_, width_ + 1}), lengths_, scale, mask_);
 }
 
 std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, const torch::Tensor& k,

@@ -9,6 +9,14 @@
 #include "dschat/ops/decode_attention.h"
 #include "ops/kernel_dispatch.h"
 
+#ifdef DSCHAT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "dschat/core/status_check.h"
+#include "kernels/decode_attention.cuh"
+#endif
+
 namespace dschat {
 namespace ops {
 namespace {
@@ -99,6 +107,66 @@ torch::Tensor run_cpu_kernel(const torch::Tensor& q, const torch::Tensor& key_sl
   return out;
 }
 
+// The frame's key mask [B, S]: 1 at each row's last lengths[b] columns.
+torch::Tensor key_mask_of(const std::vector<int64_t>& lengths, int64_t width, torch::Device device) {
+  torch::Tensor mask = torch::zeros({static_cast<int64_t>(lengths.size()), width}, torch::kInt64);  // [B, S]
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    mask[static_cast<int64_t>(b)].narrow(0, width - lengths[b], lengths[b]).fill_(1);
+  }
+  return mask.to(device);
+}
+
+#ifdef DSCHAT_WITH_CUDA
+torch::Tensor run_cuda_kernel(const torch::Tensor& q, const torch::Tensor& key_slots, const torch::Tensor& value_slots,
+                              const torch::Tensor& slots, const torch::Tensor& key_mask, double scale) {
+  c10::cuda::CUDAGuard guard(q.device());
+  torch::Tensor queries = q.stride(3) == 1 ? q : q.contiguous();                       // [B, H, 1, D]
+  torch::Tensor keys = key_slots.stride(1) == 1 ? key_slots : key_slots.contiguous();  // [N, H_kv * D]
+  torch::Tensor values = value_slots.stride(1) == 1 ? value_slots : value_slots.contiguous();
+  torch::Tensor table = slots.stride(1) == 1 ? slots : slots.contiguous();  // [B, S]
+  torch::Tensor mask = key_mask.stride(1) == 1 ? key_mask : key_mask.contiguous();  // [B, S]
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3), width = slots.size(1);
+  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());  // [B, H, 1, D]
+  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int splits = kernels::decode_attention_num_splits(batch, heads, width, sm_count);
+  const int64_t workspace_floats = kernels::decode_attention_workspace_floats(batch, heads, dim, splits);
+  torch::Tensor workspace;  // [B, H, splits, D + 2] fp32 when split
+  if (workspace_floats > 0) workspace = torch::empty({workspace_floats}, q.options().dtype(torch::kFloat32));
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  detail::dispatch_kernel_dtype("paged_decode_attention", q.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    kernels::DecodeAttentionParams<T> p{};
+    p.q = detail::data_as<T>(queries);
+    p.k = detail::data_as<T>(keys);
+    p.v = detail::data_as<T>(values);
+    p.mask = mask.data_ptr<int64_t>();
+    p.slots = table.data_ptr<int64_t>();
+    p.out = detail::mutable_data_as<T>(out);
+    p.workspace = workspace.defined() ? workspace.data_ptr<float>() : nullptr;
+    p.batch = batch;
+    p.heads = heads;
+    p.kv_heads = key_slots.size(1) / dim;
+    p.head_dim = dim;
+    p.length = width;
+    p.q_stride_b = detail::stride_of(queries, 0);
+    p.q_stride_h = detail::stride_of(queries, 1);
+    p.k_stride_b = 0;  // every row reads the one pool
+    p.k_stride_h = dim;
+    p.k_stride_s = keys.stride(0);
+    p.v_stride_b = 0;
+    p.v_stride_h = dim;
+    p.v_stride_s = values.stride(0);
+    p.mask_stride_b = mask.stride(0);
+    p.slots_stride_b = table.stride(0);
+    p.scale = static_cast<float>(scale);
+    p.masked_score = static_cast<float>(detail::lowest_value(q.scalar_type()));
+    p.num_splits = splits;
+    DSCHAT_CUDA_CHECK(kernels::decode_attention(p, stream));
+  });
+  return out;
+}
+#endif
+
 }  // namespace
 
 torch::Tensor paged_decode_attention_reference(const torch::Tensor& q, const torch::Tensor& key_slots,
@@ -109,15 +177,26 @@ torch::Tensor paged_decode_attention_reference(const torch::Tensor& q, const tor
   auto gather = [&](const torch::Tensor& pool) {
     return pool.index_select(0, slots.reshape({-1})).view({batch, width, kv_heads, dim}).transpose(1, 2);  // [B, H_kv, S, D]
   };
-  torch::Tensor mask = torch::zeros({batch, width}, torch::kInt64);  // [B, S]
-  for (int64_t b = 0; b < batch; ++b) mask[b].narrow(0, width - lengths[b], lengths[b]).fill_(1);
-  return decode_attention_reference(q, gather(key_slots), gather(value_slots), mask.to(q.device()), width, scale);
+  return decode_attention_reference(q, gather(key_slots), gather(value_slots), key_mask_of(lengths, width, q.device()),
+                                    width, scale);
 }
 
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& key_slots,
                                      const torch::Tensor& value_slots, const torch::Tensor& slots,
-                                     const std::vector<int64_t>& lengths, double scale) {
+                                     const std::vector<int64_t>& lengths, double scale,
+                                     const torch::Tensor& key_mask) {
   check_arguments(q, key_slots, value_slots, slots, lengths);
+  DSCHAT_CHECK(!key_mask.defined() || (key_mask.sizes() == slots.sizes() && key_mask.scalar_type() == torch::kInt64 &&
+                                       key_mask.device() == q.device()),
+               InvalidArgument, "paged_decode_attention: expected an int64 key_mask of the slots' shape ",
+               detail::shape_of(slots), " on q's device, got ", detail::shape_of(key_mask));
+#ifdef DSCHAT_WITH_CUDA
+  if (detail::kernel_applies(q, {q, key_slots, value_slots}) && q.size(3) <= kernels::kDecodeAttentionMaxHeadDim &&
+      q.size(0) <= 65535 && q.size(1) <= 65535) {
+    return run_cuda_kernel(q, key_slots, value_slots, slots,
+                           key_mask.defined() ? key_mask : key_mask_of(lengths, slots.size(1), q.device()), scale);
+  }
+#endif
   const bool recorded = torch::GradMode::is_enabled() && (q.requires_grad() || key_slots.requires_grad());
   if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && !recorded) {
     return run_cpu_kernel(q, key_slots, value_slots, slots, lengths, scale);

@@ -4,7 +4,8 @@
 // - a ZeRO-0 and a ZeRO-3 training step in fp32 match the CPU's (tolerance 2e-5 relative, floor
 //   1e-6: reductions run in another order on a GPU);
 // - bf16 (and, on CUDA, fp16 with loss scaling) training stays finite and its loss falls;
-// - greedy generation gives transformers' ids for OPT and LLaMA (fixtures' greedy.npy);
+// - greedy generation gives transformers' ids for OPT and LLaMA (fixtures' greedy.npy), with the
+//   static and with the continuous engine (paged attention in place and gathered);
 // - a HybridEngine generates the ids of a plain copy of its weights after a training step;
 // - a deferred (zero.Init) load trains like an eager one; a ZeRO-3 inference engine scores like
 //   the replicated model.
@@ -14,6 +15,7 @@
 #include "dschat/engine/training_engine.h"
 #include "dschat/engine/zero_inference_engine.h"
 #include "dschat/hybrid/hybrid_engine.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/io/npy.h"
 #include "dschat/models/load_save.h"
@@ -130,6 +132,31 @@ TEST_P(OnDevice, GreedyGenerationGivesTransformersIds) {
     config.max_new_tokens = expected.size(1) - ids.size(1);
     torch::Tensor got = engine.generate(ids, mask, config).sequences.cpu();  // [B, T + N]
     EXPECT_TRUE(torch::equal(got, expected)) << fixture << "\n" << got << "\n" << expected;
+  }
+}
+
+// The continuous engine on the device: decode steps attend through the block tables in place (on
+// CUDA decode_attention's kernel in paged mode, on the CPU its CPU kernel) and give transformers'
+// ids, as the gathering reference path does.
+TEST_P(OnDevice, ContinuousEngineGivesTransformersIds) {
+  for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
+    const auto expected_dir = testing::fixture(fixture) / "expected";
+    torch::Tensor ids = io::load_npy(expected_dir / "input_ids.npy").to(device());        // [B, T]
+    torch::Tensor mask = io::load_npy(expected_dir / "attention_mask.npy").to(device());  // [B, T]
+    torch::Tensor expected = io::load_npy(expected_dir / "greedy.npy");                   // [B, T + N]
+    auto model = load_on(fixture, device());
+    core::GenerationConfig config;
+    config.max_new_tokens = expected.size(1) - ids.size(1);
+    for (bool gather : {false, true}) {
+      inference::ContinuousEngineOptions options;
+      options.block_size = 4;
+      options.num_blocks = 64;
+      options.gather_for_attention = gather;
+      inference::ContinuousEngine engine(model, options);
+      torch::Tensor got = engine.generate(ids, mask, config).sequences.cpu();  // [B, T + N]
+      EXPECT_TRUE(torch::equal(got, expected)) << fixture << (gather ? " gathered" : " in place") << "\n" << got
+                                               << "\n" << expected;
+    }
   }
 }
 

@@ -93,6 +93,9 @@ TEST(PagedDecodeAttention, BadArgumentsAreNamed) {
                     core::InvalidArgument, "q's heads (4) must be a multiple of the pool's kv heads");
   EXPECT_THROW_WITH(ops::paged_decode_attention(c.q, c.keys, c.values, c.slots.to(torch::kInt32), c.lengths, 1.0),
                     core::InvalidArgument, "expected int64 slots");
+  EXPECT_THROW_WITH(ops::paged_decode_attention(c.q, c.keys, c.values, c.slots, c.lengths, 1.0,
+                                                torch::ones({2, 4}, torch::kInt64)),
+                    core::InvalidArgument, "expected an int64 key_mask of the slots' shape [2, 3]");
 }
 
 }  // namespace

@@ -55,8 +55,7 @@
 // rank has work. With lockstep only generate() (or step() on every rank, until
 // lockstep_work_left() is false on all) may be called.
 //
-// Not yet: a CUDA paged decode-attention kernel (a CUDA device runs the gathering reference), CUDA
-// graphs. Not thread-safe.
+// Not yet: CUDA graphs. Not thread-safe.
 
 #include <torch/torch.h>
 
