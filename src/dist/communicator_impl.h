@@ -32,6 +32,8 @@ struct Communicator::Impl {
   std::unique_ptr<PeerMonitor> monitor;          // null in a world of one
   int in_flight = 0;                             // collectives started and not yet waited for
   std::string failed_operation;                  // set once a collective failed
+  LaunchEnv env;                                 // how this communicator was made (its subgroups' devices)
+  int64_t subgroups = 0;                         // subgroup() calls so far (each one's store prefix)
 
   /// After a failure, rank 0 keeps serving the store a little for the others' diagnoses.
   ~Impl();

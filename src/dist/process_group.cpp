@@ -1,5 +1,7 @@
 #include "dschat/dist/process_group.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -225,6 +227,7 @@ Communicator Communicator::create(const LaunchEnv& env, Backend backend, Millise
   impl->backend = backend;
   impl->timeout = timeout;
   impl->serves_store = env.rank == 0 && !env.store_served_by_agent;
+  impl->env = env;
   if (env.world_size > 1) {
     impl->store = connect_store(env, timeout);
     // Before the Gloo mesh: once any rank's mesh is up, every rank has published a heartbeat.
@@ -269,6 +272,42 @@ void Communicator::all_gather_into(at::Tensor& output, const at::Tensor& input) 
 
 void Communicator::reduce_scatter(at::Tensor& output, const at::Tensor& input) {
   start_reduce_scatter(output, input).wait();
+}
+
+Communicator Communicator::subgroup(const std::vector<int64_t>& ranks) {
+  Impl& parent = *impl_;
+  parent.check_usable("subgroup");
+  std::string listed;  // "0,1" for the error and the store prefix
+  for (int64_t rank : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(rank);
+  const auto self = std::find(ranks.begin(), ranks.end(), parent.rank);
+  DSCHAT_CHECK(!ranks.empty() && std::is_sorted(ranks.begin(), ranks.end()) &&
+                   std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end() && ranks.front() >= 0 &&
+                   ranks.back() < parent.world_size && self != ranks.end(),
+               InvalidArgument, "dist::subgroup: ranks [", listed, "] must be ascending, distinct, below the world size ",
+               parent.world_size, " and include this rank (", parent.rank, ")");
+  const std::string name = "group" + std::to_string(parent.subgroups++) + ":" + listed;
+  auto impl = std::make_shared<Impl>();
+  impl->rank = self - ranks.begin();
+  impl->world_size = static_cast<int64_t>(ranks.size());
+  impl->backend = parent.backend;
+  impl->timeout = parent.timeout;
+  impl->env = parent.env;
+  impl->env.rank = impl->rank;
+  impl->env.world_size = impl->world_size;
+  if (impl->world_size > 1) {
+    // No peer monitor of its own: the parent's watches the same processes.
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(name, parent.store);
+    try {
+      impl->cpu_group = make_gloo(impl->store, impl->env, impl->timeout);
+      if (impl->backend == Backend::Nccl) impl->cuda_group = make_nccl(impl->store, impl->env, impl->timeout);
+    } catch (const core::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      DSCHAT_THROW(Error, "dist: connecting rank ", parent.rank, " to its subgroup ", name, " failed within ",
+                   impl->timeout.count(), " ms: ", describe_error(e));
+    }
+  }
+  return Communicator(std::move(impl));
 }
 
 void Communicator::barrier() {

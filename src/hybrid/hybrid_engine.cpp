@@ -36,10 +36,20 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
   training_ = std::make_unique<engine::TrainingEngine>(actor_.ptr(), options_.training);
   options_.training.deferred.reset();  // a deferred load's checkpoint mapping: the engine has what it keeps
   const int64_t world = training_->world_size();
-  DSCHAT_CHECK(he.inference_tp_size == 1 || he.inference_tp_size == world, Unsupported,
-               "hybrid_engine.inference_tp_size ", he.inference_tp_size, " with ", world,
-               " ranks: dschat runs one tensor-parallel group over all ranks (inference_tp_size equal to the "
-               "world size) or none (1)");
+  DSCHAT_CHECK(he.inference_tp_size >= 1 && world % he.inference_tp_size == 0, ConfigError,
+               "hybrid_engine.inference_tp_size ", he.inference_tp_size, " does not divide the ", world,
+               " ranks (they form world / inference_tp_size tensor-parallel groups)");
+  if (he.inference_tp_size > 1) {
+    // DeepSpeed's groups: ranks [g * t, (g + 1) * t). Every member makes its group here, in step.
+    if (he.inference_tp_size == world) {
+      tp_group_ = training_->communicator();
+    } else {
+      const int64_t first = training_->communicator()->rank() / he.inference_tp_size * he.inference_tp_size;
+      std::vector<int64_t> ranks(he.inference_tp_size);
+      for (int64_t i = 0; i < he.inference_tp_size; ++i) ranks[i] = first + i;
+      tp_group_ = std::make_shared<dist::Communicator>(training_->communicator()->subgroup(ranks));
+    }
+  }
   if (!options_.logits_self_check) options_.logits_self_check = self_check_by_default();
 
   inference::InferenceEngineOptions inference_options;
@@ -109,8 +119,8 @@ void HybridEngine::eval() {
   } else {
     if (!generation_model_) {
       const bool views_allowed = dtype == model_dtype && hooks == nullptr;  // resident and in the right dtype
-      generation_model_ = std::make_unique<GenerationModel>(actor_, dtype, training_->communicator(),
-                                                            he.inference_tp_size, views_allowed);
+      generation_model_ = std::make_unique<GenerationModel>(actor_, dtype, tp_group_, he.inference_tp_size,
+                                                            views_allowed);
     }
     weights_ = std::make_unique<InferenceWeights>(actor_, hooks, weights_options, *generation_model_);
   }
@@ -228,12 +238,13 @@ inference::GenerationResult HybridEngine::generate_continuous(const torch::Tenso
 inference::GenerationResult HybridEngine::generate_tensor_parallel(const torch::Tensor& input_ids,
                                                                    const torch::Tensor& attention_mask,
                                                                    const core::GenerationConfig& config) {
-  // The TP group works on one batch: the ranks' prompts are concatenated (left-padded to the
+  // The TP group works on one batch: its ranks' prompts are concatenated (left-padded to the
   // longest), generated together, and each rank keeps its own rows. Sampling draws for the joint
-  // batch, so every rank must draw the same tokens: the group samples with rank 0's seed (each
+  // batch, so every rank must draw the same tokens: the group samples with its rank 0's seed (each
   // rank's own, e.g. step 3's per-rank seeds, would make the ranks' sequences, and so their
-  // shards' inputs, diverge).
-  dist::Communicator& group = *training_->communicator();
+  // shards' inputs, diverge). Other groups generate their own batches meanwhile: nothing of a
+  // group's generation is collective over the world (ZeRO-3 gathered its weights at eval()).
+  dist::Communicator& group = *tp_group_;
   const int64_t world = group.world_size(), rank = group.rank();
   const int64_t batch = input_ids.size(0), tokens = input_ids.size(1);
   torch::Tensor shape = torch::tensor({batch, tokens, static_cast<int64_t>(config.seed)}, torch::kInt64);  // [3]

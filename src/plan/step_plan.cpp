@@ -169,8 +169,8 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
 
 // The hybrid engine generates tensor-parallel over all ranks or not at all.
 void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
-  if (tp == 1 || tp == world) return;
-  plan.config_problem = "inference_tp_size " + std::to_string(tp) + " is neither 1 nor the world size " +
+  if (tp >= 1 && world % tp == 0) return;
+  plan.config_problem = "inference_tp_size " + std::to_string(tp) + " does not divide the world size " +
                         std::to_string(world) + " (the hybrid engine refuses it)";
 }
 

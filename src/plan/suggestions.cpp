@@ -117,10 +117,12 @@ std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const 
                            (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = 1;
                          }});
     }
-    if (world > 1 && actor_stage == 3 && tp != world) {
-      changes.push_back({block + ": inference_tp_size " + std::to_string(world), {{block, {{"inference_tp_size", world}}}},
-                         [ppo, world](rlhf::PipelineConfig& c) {
-                           (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = world;
+    // At stage 3 a TP group holds 1/t of the gathered model: every group size dividing the world.
+    for (int64_t size = 2; world > 1 && actor_stage == 3 && size <= world; ++size) {
+      if (world % size != 0 || size == tp) continue;
+      changes.push_back({block + ": inference_tp_size " + std::to_string(size), {{block, {{"inference_tp_size", size}}}},
+                         [ppo, size](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = size;
                          }});
     }
     if (actor_stage == 3) {

@@ -12,6 +12,9 @@
 //                 (and "rank R pid P" first): a job for tests that kill a rank half way
 //   async_gather  start_all_gather_into: overlapping handles, waited out of order, twice, moved,
 //                 and destroyed unwaited
+//   subgroups     (4 ranks) pairs {0, 1} and {2, 3} (DeepSpeed's tensor-parallel groups of 2),
+//                 then {0, 2, 3} and {1} alone: all_reduce and all_gather within each, the world's
+//                 all_reduce in between
 #include <ATen/ATen.h>
 #include <signal.h>
 #include <unistd.h>
@@ -213,11 +216,50 @@ void run_async_gather(Communicator& comm) {
   expect_equal("async_all_gather_moved", out_d, at::arange(1, w + 1, at::kInt));
 }
 
+void run_subgroups(Communicator& comm) {
+  const int64_t r = comm.rank();
+  if (comm.world_size() != 4) {
+    ++failures;
+    std::cout << "FAIL subgroups: needs 4 ranks\n";
+    return;
+  }
+  const int64_t first = r / 2 * 2;  // the pair's first rank
+  Communicator pair = comm.subgroup({first, first + 1});
+  at::Tensor sum = at::full({3}, static_cast<float>(r), at::kFloat);  // [3]
+  pair.all_reduce(sum, ReduceOp::Sum);
+  expect_equal("pair_rank_and_size", at::tensor({pair.rank(), pair.world_size()}), at::tensor({r % 2, int64_t{2}}));
+  expect_equal("pair_all_reduce", sum, at::full({3}, static_cast<float>(2 * first + 1), at::kFloat));
+  at::Tensor world = at::ones({1}, at::kFloat);  // [1]
+  comm.all_reduce(world, ReduceOp::Sum);
+  expect_equal("world_between", world, at::full({1}, 4.0f, at::kFloat));
+  if (r == 1) {
+    Communicator alone = comm.subgroup({1});
+    at::Tensor own = at::full({2}, 5.0f, at::kFloat);  // [2]
+    alone.all_reduce(own, ReduceOp::Sum);
+    expect_equal("alone_all_reduce", own, at::full({2}, 5.0f, at::kFloat));
+  } else {
+    Communicator trio = comm.subgroup({0, 2, 3});
+    at::Tensor out = at::empty({3}, at::kInt);                         // [3]
+    trio.all_gather_into(out, at::full({1}, static_cast<int>(r), at::kInt));
+    expect_equal("trio_gather", out, at::tensor({0, 2, 3}, at::kInt));
+    at::Tensor max = at::full({1}, static_cast<float>(r), at::kFloat);  // [1]
+    trio.all_reduce(max, ReduceOp::Max);
+    expect_equal("trio_all_reduce_max", max, at::full({1}, 3.0f, at::kFloat));
+  }
+  bool refused = false;
+  try {
+    comm.subgroup({(r + 1) % 4});
+  } catch (const dschat::core::InvalidArgument& e) {
+    refused = std::string(e.what()).find("include this rank") != std::string::npos;
+  }
+  expect_equal("subgroup_without_this_rank_refused", at::tensor({refused ? 1 : 0}), at::tensor({1}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
-    std::cerr << "usage: dschat_dist_worker <collectives|peer_exits|peer_hangs|steps|async_gather> <timeout_ms> "
+    std::cerr << "usage: dschat_dist_worker <collectives|peer_exits|peer_hangs|steps|async_gather|subgroups> <timeout_ms> "
                  "[steps]\n";
     return 2;
   }
@@ -232,6 +274,10 @@ int main(int argc, char** argv) {
     }
     if (scenario == "peer_exits" || scenario == "peer_hangs") return run_peer_failure(comm, scenario == "peer_exits");
     if (scenario == "steps") return run_steps(comm, argc == 4 ? std::stoll(argv[3]) : 100);
+    if (scenario == "subgroups") {
+      run_subgroups(comm);
+      return failures == 0 ? 0 : 1;
+    }
     if (scenario == "async_gather") {
       run_async_gather(comm);
       return failures == 0 ? 0 : 1;

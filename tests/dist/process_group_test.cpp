@@ -197,6 +197,20 @@ TEST(DistMultiprocCollectives, WorldOf2) { expect_collectives_pass(2); }
 TEST(DistMultiprocCollectives, WorldOf3) { expect_collectives_pass(3); }
 TEST(DistMultiprocCollectives, WorldOf4) { expect_collectives_pass(4); }
 
+// Communicator::subgroup: pairs of consecutive ranks (tensor-parallel groups of 2 on 4 ranks), a
+// group of three and one of one, each reducing within itself, the world's collectives in between.
+TEST(DistMultiprocCollectives, SubgroupsReduceWithinThemselves) {
+  testing::JobOutcome job = run_job("subgroups", 4, 10000, std::chrono::seconds(60));
+  ASSERT_FALSE(job.deadline_hit) << describe(job);
+  ASSERT_EQ(job.ranks.size(), 4u);
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    const testing::RankOutcome& rank = job.ranks[r];
+    EXPECT_EQ(rank.exit_code, 0) << describe(job);
+    EXPECT_EQ(count_lines_starting(rank.out, "PASS "), r == 1 ? 5 : 6) << describe(job);  // rank 1: {1} alone
+    EXPECT_EQ(count_lines_starting(rank.out, "FAIL "), 0) << describe(job);
+  }
+}
+
 // Rank 0's all_reduce after its peer died (or stopped answering) throws within the timeout with a
 // message naming the operation, and the process exits non-zero.
 void expect_peer_failure_detected(const std::string& scenario, int timeout_ms) {

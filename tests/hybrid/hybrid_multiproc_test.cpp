@@ -44,16 +44,18 @@ std::vector<json> run_hybrid(const Run& run) {
   return reports;
 }
 
-const std::vector<json>& stage0_reference() {
-  static const std::vector<json> reports = run_hybrid({"stage 0", 2, {"--stage", "0", "--uneven"}});
-  return reports;
+const std::vector<json>& stage0_reference(int world = 2) {
+  static const std::vector<json> two = run_hybrid({"stage 0", 2, {"--stage", "0", "--uneven"}});
+  if (world == 2) return two;
+  static const std::vector<json> four = run_hybrid({"stage 0 on 4 ranks", 4, {"--stage", "0", "--uneven"}});
+  return four;
 }
 
 void expect_like_reference(const Run& run, bool compare_after_step = true) {
   const std::vector<json> reports = run_hybrid(run);
   ASSERT_EQ(reports.size(), static_cast<size_t>(run.world)) << run.name;
-  const auto& reference = stage0_reference();
-  ASSERT_EQ(reference.size(), 2u);
+  const auto& reference = stage0_reference(run.world);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(run.world));
   for (int r = 0; r < run.world; ++r) {
     const json& report = reports[r];
     EXPECT_TRUE(report["first_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
@@ -67,11 +69,12 @@ void expect_like_reference(const Run& run, bool compare_after_step = true) {
       EXPECT_TRUE(report["shared_matches"].get<bool>()) << run.name << " rank " << r << ": " << report.dump();
       // Every prompt after the first of the batch generated together (2 per rank; the TP group's
       // joint batch of 2 * tp) takes the shared prefix's one full 16-token block from the cache.
-      const bool joint = std::find(run.flags.begin(), run.flags.end(), "--tp") != run.flags.end();
-      EXPECT_EQ(report["shared_cached_tokens"].get<int64_t>(), 16 * ((joint ? 2 * run.world : 2) - 1)) << run.name;
+      const auto tp_flag = std::find(run.flags.begin(), run.flags.end(), "--tp");
+      const int64_t tp = tp_flag == run.flags.end() ? 1 : std::stoll(*(tp_flag + 1));
+      EXPECT_EQ(report["shared_cached_tokens"].get<int64_t>(), 16 * (2 * tp - 1)) << run.name;
     }
     EXPECT_EQ(report["inference_bytes_after_train"].get<int64_t>(), 0) << run.name;
-    if (compare_after_step && r < 2) {
+    if (compare_after_step) {
       EXPECT_EQ(report["after_step"], reference[r]["after_step"]) << run.name << " rank " << r;
     }
   }
@@ -128,6 +131,18 @@ TEST(HybridMultiproc, TensorParallelViewsEqualSingleProcess) {
 
 TEST(HybridMultiproc, TensorParallelFromStage3GroupsEqualsSingleProcess) {
   expect_like_reference({"tp 2 stage 3 groups of 1", 2, {"--stage", "3", "--tp", "2", "--pin", "0", "--gather", "1"}});
+}
+
+// inference_tp_size 2 on 4 ranks: two groups of 2 ({0, 1}, {2, 3}) generate their own joint
+// batches at the same time; each rank's ids are those of its prompts alone, before and after a
+// training step, as with inference_tp_size 1 on the same 4 ranks.
+TEST(HybridMultiproc, TensorParallelGroupsOfTwoOnFourRanksAtStage2) {
+  expect_like_reference({"tp 2 of 4 stage 2", 4, {"--stage", "2", "--tp", "2", "--uneven"}});
+}
+
+TEST(HybridMultiproc, TensorParallelGroupsOfTwoOnFourRanksAtStage3WithContinuousBatching) {
+  expect_like_reference(
+      {"tp 2 of 4 stage 3 continuous", 4, {"--stage", "3", "--tp", "2", "--pin", "0", "--gather", "2", "--continuous"}});
 }
 
 TEST(HybridMultiproc, TensorParallelBf16CastWithLora) {

@@ -157,14 +157,14 @@ int run(const Args& args) {
   }
 
   if (args.tp > 1) {
-    // Sampling in a TP group with per-rank seeds (as step 3 passes them) draws with rank 0's, so
-    // it gives what every rank passing rank 0's seed gives; divergent draws would not.
+    // Sampling in a TP group with per-rank seeds (as step 3 passes them) draws with the group's
+    // first rank's, so it gives what every rank passing that seed gives; divergent draws would not.
     core::GenerationConfig sampled = greedy;
     sampled.do_sample = true;
     sampled.top_k = 20;
     sampled.seed = 500 + static_cast<uint64_t>(rank);
     const torch::Tensor own_seeds = engine.generate(ids, mask, sampled).sequences;  // [2, T + 8]
-    sampled.seed = 500;
+    sampled.seed = 500 + static_cast<uint64_t>(rank / args.tp * args.tp);
     const torch::Tensor rank0_seed = engine.generate(ids, mask, sampled).sequences;  // [2, T + 8]
     report["tp_sampling_agrees"] = torch::equal(own_seeds, rank0_seed);
   }

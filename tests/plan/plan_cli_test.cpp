@@ -85,6 +85,19 @@ TEST(PlanCli, BadInputNamesTheFlagOrFile) {
   }
 }
 
+// DeepSpeed-Chat's run_66b.sh: OPT-66B on 8 nodes of 8 A100-80G, inference_tp_size 8 (8 TP groups
+// of 8 of the 64 ranks; the multi_node preset) fits every step.
+TEST(PlanCli, TheMultiNodePresetFitsOn64A100s) {
+  std::string output;
+  const int rc = testing::run_command(cli() + " plan --actor opt-66b --reward opt-350m --deployment multi_node "
+                                      "--gpu a100-80g --gpus 8 --nodes 8 --host-memory 1024 --dataset-rows 76256",
+                                      &output);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("step3 (ppo, config block \"step3\"): fits"), std::string::npos) << output;
+  EXPECT_NE(output.find("TP shard copy (1/tp of the model)"), std::string::npos) << output;
+  EXPECT_EQ(output.find("DOES NOT FIT"), std::string::npos) << output;
+}
+
 TEST(PlanCli, TrainStopsBeforeLoadingWhenAStepCannotFit) {
   testing::TempDir dir;
   const std::string out = (dir / "out").string();

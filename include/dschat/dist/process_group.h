@@ -125,6 +125,15 @@ class Communicator {
   /// Returns once every rank has entered it.
   void barrier();
 
+  /// A communicator over `ranks` of this one (ascending, distinct, this rank among them), numbered
+  /// by their order there: torch.distributed.new_group's, e.g. DeepSpeed's tensor-parallel groups
+  /// of consecutive ranks. Only the ranks in `ranks` call it, in the same order as the group's
+  /// other members call theirs (the n-th call of each member makes the n-th group); they connect
+  /// through this communicator's store, blocking until all have (or throwing after the timeout).
+  /// Its collectives involve its ranks only; same backend and timeout. Throws
+  /// core::InvalidArgument for a list that breaks these rules.
+  Communicator subgroup(const std::vector<int64_t>& ranks);
+
  private:
   struct Impl;
   friend class PendingCollective;

@@ -15,10 +15,11 @@
 //     engine's own hooks (ranks then step in lockstep until all have finished).
 //   * A generation dtype other than the model's (fp32 training, bf16 generation): one cast copy
 //     per eval(), reused for every generate() until train().
-//   * inference_tp_size > 1: a tensor-parallel shard per rank, made of views of the training
+//   * inference_tp_size t > 1 (dividing the world): the ranks form world / t tensor-parallel groups
+//     of t consecutive ranks (DeepSpeed's); a shard per rank, made of views of the training
 //     parameters (ZeRO 0-2, same dtype) or of copies filled tp_gather_partition_size layers at a
-//     time (ZeRO 3 gathers each group, copies its slices and releases it). The ranks' prompt
-//     batches are concatenated over the TP group and each rank keeps its own rows.
+//     time (ZeRO 3 gathers each layer group over all ranks, copies its slices and releases it).
+//     The prompt batches of a group's ranks are concatenated and each rank keeps its own rows.
 //   * LoRA adapters are fused into the base weights for generation and unfused after, bit for bit.
 //   * hybrid_engine.continuous_batching: the continuous engine (paged KV blocks, n samples sharing
 //     their prompt's blocks, prefix_caching emptied at every eval()) instead of the static one, in
@@ -121,6 +122,7 @@ class HybridEngine {
   std::unique_ptr<inference::InferenceEngine> inference_;
   std::unique_ptr<inference::ContinuousEngine> continuous_;  // hybrid_engine.continuous_batching: made on first use
   std::unique_ptr<GenerationModel> generation_model_;  // a cast copy / TP shard, built at the first eval()
+  std::shared_ptr<dist::Communicator> tp_group_;       // inference_tp_size > 1: this rank's TP group
   std::unique_ptr<InferenceWeights> weights_;          // non-null in eval mode
   bool saved_checkpointing_ = false;
   bool self_check_pending_ = false;
