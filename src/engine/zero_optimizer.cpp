@@ -8,6 +8,7 @@
 #include "dschat/engine/param_groups.h"
 #include "dschat/engine/zero_groups.h"
 #include "dschat/models/backbone.h"
+#include "engine/grad_norm_cpu.h"
 #include "dschat/models/load_save.h"
 #include "engine/overlap_reducer.h"
 #include "engine/zero3_hooks.h"
@@ -217,10 +218,10 @@ torch::Tensor unscale_and_clip_factor_by_tensor_ops(const torch::Tensor& norm_sq
 }
 
 torch::Tensor ZeroOptimizer::gradient_norm_squared() {
-  // One pass in chunks: a double accumulation without a full-size double copy of the gradients.
-  // An inf or NaN anywhere makes the sum non-finite, which is also the overflow test. The
-  // accumulator stays on the device, and the additions are the host loop's (a chunk's norm
-  // squared, added in chunk order), so CPU results are the same bits as summing host doubles.
+  // One pass, double accumulation, no full-size double copy of the gradients. An inf or NaN
+  // anywhere makes the sum non-finite, which is also the overflow test. On the CPU: the fp32 loop
+  // of grad_norm_cpu.h (its fixed order: the same bits at any thread count). On a device: chunks
+  // of 1M elements cast to double and reduced there (the accumulator stays on the device).
   constexpr int64_t kChunk = int64_t{1} << 20;
   torch::NoGradGuard no_grad;
   for (const auto& group : groups_) group->complete_gradient_copies();
@@ -228,6 +229,10 @@ torch::Tensor ZeroOptimizer::gradient_norm_squared() {
   for (const auto& group : groups_) {
     const torch::Tensor grads = group->owned_gradients();  // [owned] fp32
     if (!grads.defined()) continue;
+    if (grads.is_cpu() && grads.scalar_type() == torch::kFloat32 && grads.is_contiguous()) {
+      squares.add_(detail::sum_of_squares(grads.data_ptr<float>(), grads.numel()));
+      continue;
+    }
     for (const ElementRange& chunk : split_into_chunks(grads.numel(), kChunk)) {
       const torch::Tensor norm = at::linalg_vector_norm(grads.narrow(0, chunk.begin, chunk.size()), 2, c10::nullopt,
                                                         false, torch::kFloat64);  // []

@@ -1,18 +1,24 @@
 // The step's gradient norm and clipping, computed on the gradients' device with one host read per
-// step: bit for bit the host arithmetic they replaced (a chunked sum of host doubles, the clip
-// coefficient in double), and at every ZeRO stage the norm and the clipped gradients that a
-// direct computation over a plain copy of the model gives. An fp16 overflow still skips the step.
+// step: the clip coefficient bit for bit the host double formula it replaced; the CPU norm (the
+// fp32 loop of engine/grad_norm_cpu.h) within 1e-13 relative of a float64 oracle, the same bits at
+// 1 and 2 threads and non-finite for an inf or NaN anywhere; and at every ZeRO stage the norm and
+// the clipped gradients that a direct computation over a plain copy of the model gives. An fp16
+// overflow still skips the step.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "dschat/core/device.h"
 #include "dschat/core/model_config.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/models/causal_lm.h"
+#include "engine/grad_norm_cpu.h"
 #include "engine/zero_optimizer.h"
 #include "test_util.h"
+
+#include <ATen/Parallel.h>
 
 namespace dschat {
 namespace {
@@ -73,8 +79,29 @@ TEST(GradNormCuda, UnscaleAndClipFactorOnTheDeviceIsTheHostFormulaBitForBit) {
   expect_factors_match_the_host_formula(torch::kCUDA, true);
 }
 
-TEST(GradNorm, ZeroOptimizerNormIsTheChunkedHostSumBitForBit) {
-  // 1.2M weights: the 1M-element chunks of the sum, and a partial last one.
+TEST(GradNorm, CpuSumOfSquaresIsExactToDoubleRoundingAtAnyThreadCountAndPropagatesNonFinite) {
+  torch::manual_seed(3);
+  // Over 19 blocks (a partial last one, a tail of 5 after the last 8 lanes); values over 8 decades.
+  const int64_t count = 18 * engine::detail::kGradNormBlock + 12349;
+  torch::Tensor values = torch::randn({count}) * torch::pow(10.0, torch::rand({count}) * 8 - 4);  // [count] fp32
+  const double oracle = values.to(torch::kFloat64).pow(2).sum().item<double>();
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = engine::detail::sum_of_squares(values.data_ptr<float>(), count);
+  at::set_num_threads(2);
+  const double two = engine::detail::sum_of_squares(values.data_ptr<float>(), count);
+  at::set_num_threads(threads);
+  EXPECT_EQ(one, two);  // bit for bit
+  EXPECT_NEAR(one, oracle, 1e-13 * oracle);
+  EXPECT_EQ(engine::detail::sum_of_squares(values.data_ptr<float>(), 0), 0.0);
+  values[count - 1] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(engine::detail::sum_of_squares(values.data_ptr<float>(), count)));
+  values[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(engine::detail::sum_of_squares(values.data_ptr<float>(), count)));
+}
+
+TEST(GradNorm, ZeroOptimizerNormIsTheSumOfSquaresOfItsOwnedGradients) {
+  // 1.2M weights: 19 blocks of the sum, and a partial last one.
   for (int stage : {0, 1, 2}) {
     torch::manual_seed(1);
     auto model = std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(1200, 1000), torch::nn::Tanh(),
@@ -93,17 +120,17 @@ TEST(GradNorm, ZeroOptimizerNormIsTheChunkedHostSumBitForBit) {
     const torch::Tensor squares = optimizer.gradient_norm_squared();  // [1] fp64
     ASSERT_EQ(squares.scalar_type(), torch::kFloat64);
     EXPECT_TRUE(squares.device().is_cpu());
-    double expected = 0.0;  // the replaced loop: one host read per chunk
+    double expected = 0.0;  // each group's sum of squares, in group order
     for (const auto& group : optimizer.groups()) {
       const torch::Tensor grads = group->owned_gradients();  // [owned] fp32
-      for (const auto& chunk : engine::split_into_chunks(grads.numel(), int64_t{1} << 20)) {
-        const double norm = at::linalg_vector_norm(grads.narrow(0, chunk.begin, chunk.size()), 2, c10::nullopt, false,
-                                                   torch::kFloat64)
-                                .item<double>();
-        expected += norm * norm;
-      }
+      expected += engine::detail::sum_of_squares(grads.data_ptr<float>(), grads.numel());
     }
     EXPECT_EQ(squares.item<double>(), expected) << "stage " << stage;
+    double oracle = 0.0;  // float64 throughout
+    for (const auto& group : optimizer.groups()) {
+      oracle += group->owned_gradients().to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+    EXPECT_NEAR(squares.item<double>(), oracle, 1e-13 * oracle) << "stage " << stage;
     EXPECT_GT(expected, 0.0);
   }
 }
