@@ -4,11 +4,8 @@
 #include "ops/kernel_dispatch.h"
 
 #ifdef DSCHAT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-
-#include "dschat/core/status_check.h"
-#include "kernels/decode_attention.cuh"
+#include "kernels/decode_attention.cuh"  // kDecodeAttentionMaxHeadDim
+#include "ops/decode_attention_launch.h"
 #endif
 
 namespace dschat {
@@ -64,54 +61,25 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k_cache, co
 
 #ifdef DSCHAT_WITH_CUDA
 torch::Tensor run_decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                         const torch::Tensor& mask, int64_t length, double scale) {
-  c10::cuda::CUDAGuard guard(q.device());
-  torch::Tensor queries = q.stride(3) == 1 ? q : q.contiguous();                                      // [B, H, 1, D]
-  torch::Tensor keys = k_cache.stride(3) == 1 ? k_cache : k_cache.narrow(2, 0, length).contiguous();  // [B, H_kv, S, D]
-  torch::Tensor values = v_cache.stride(3) == 1 ? v_cache : v_cache.narrow(2, 0, length).contiguous();
-  torch::Tensor key_mask;  // [B, S] int64, unit stride along S
-  if (mask.defined()) {
-    key_mask = mask.to(torch::kInt64);
-    if (key_mask.stride(1) != 1) key_mask = key_mask.contiguous();
+                                          const torch::Tensor& mask, int64_t length, double scale) {
+  detail::DecodeAttentionKernelArgs args;
+  args.q = q.stride(3) == 1 ? q : q.contiguous();                                            // [B, H, 1, D]
+  const torch::Tensor keys = k_cache.stride(3) == 1 ? k_cache : k_cache.narrow(2, 0, length).contiguous();  // [B, H_kv, S, D]
+  const torch::Tensor values = v_cache.stride(3) == 1 ? v_cache : v_cache.narrow(2, 0, length).contiguous();
+  args.k = keys;
+  args.v = values;
+  args.kv_heads = keys.size(1);
+  args.length = length;
+  for (int d = 0; d < 3; ++d) {
+    args.k_strides[d] = detail::stride_of(keys, d);
+    args.v_strides[d] = detail::stride_of(values, d);
   }
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
-  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());  // [B, H, 1, D]
-  if (out.numel() == 0) return out;
-  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int splits = kernels::decode_attention_num_splits(batch, heads, length, sm_count);
-  const int64_t workspace_floats = kernels::decode_attention_workspace_floats(batch, heads, dim, splits);
-  torch::Tensor workspace;  // [B, H, splits, D + 2] fp32 when split
-  if (workspace_floats > 0) workspace = torch::empty({workspace_floats}, q.options().dtype(torch::kFloat32));
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  detail::dispatch_kernel_dtype("decode_attention", q.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    kernels::DecodeAttentionParams<T> p{};
-    p.q = detail::data_as<T>(queries);
-    p.k = detail::data_as<T>(keys);
-    p.v = detail::data_as<T>(values);
-    p.mask = key_mask.defined() ? key_mask.data_ptr<int64_t>() : nullptr;
-    p.out = detail::mutable_data_as<T>(out);
-    p.workspace = workspace.defined() ? workspace.data_ptr<float>() : nullptr;
-    p.batch = batch;
-    p.heads = heads;
-    p.kv_heads = keys.size(1);
-    p.head_dim = dim;
-    p.length = length;
-    p.q_stride_b = detail::stride_of(queries, 0);
-    p.q_stride_h = detail::stride_of(queries, 1);
-    p.k_stride_b = detail::stride_of(keys, 0);
-    p.k_stride_h = detail::stride_of(keys, 1);
-    p.k_stride_s = detail::stride_of(keys, 2);
-    p.v_stride_b = detail::stride_of(values, 0);
-    p.v_stride_h = detail::stride_of(values, 1);
-    p.v_stride_s = detail::stride_of(values, 2);
-    p.mask_stride_b = key_mask.defined() ? detail::stride_of(key_mask, 0) : 0;
-    p.scale = static_cast<float>(scale);
-    p.masked_score = static_cast<float>(detail::lowest_value(q.scalar_type()));
-    p.num_splits = splits;
-    DSCHAT_CUDA_CHECK(kernels::decode_attention(p, stream));
-  });
-  return out;
+  if (mask.defined()) {  // [B, S] int64, unit stride along S
+    args.mask = mask.to(torch::kInt64);
+    if (args.mask.stride(1) != 1) args.mask = args.mask.contiguous();
+  }
+  args.scale = scale;
+  return detail::launch_decode_attention_kernel("decode_attention", args);
 }
 #endif
 

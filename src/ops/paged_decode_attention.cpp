@@ -10,11 +10,8 @@
 #include "ops/kernel_dispatch.h"
 
 #ifdef DSCHAT_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-
-#include "dschat/core/status_check.h"
-#include "kernels/decode_attention.cuh"
+#include "kernels/decode_attention.cuh"  // kDecodeAttentionMaxHeadDim
+#include "ops/decode_attention_launch.h"
 #endif
 
 namespace dschat {
@@ -119,51 +116,24 @@ torch::Tensor key_mask_of(const std::vector<int64_t>& lengths, int64_t width, to
 #ifdef DSCHAT_WITH_CUDA
 torch::Tensor run_cuda_kernel(const torch::Tensor& q, const torch::Tensor& key_slots, const torch::Tensor& value_slots,
                               const torch::Tensor& slots, const torch::Tensor& key_mask, double scale) {
-  c10::cuda::CUDAGuard guard(q.device());
-  torch::Tensor queries = q.stride(3) == 1 ? q : q.contiguous();                       // [B, H, 1, D]
-  torch::Tensor keys = key_slots.stride(1) == 1 ? key_slots : key_slots.contiguous();  // [N, H_kv * D]
-  torch::Tensor values = value_slots.stride(1) == 1 ? value_slots : value_slots.contiguous();
-  torch::Tensor table = slots.stride(1) == 1 ? slots : slots.contiguous();  // [B, S]
-  torch::Tensor mask = key_mask.stride(1) == 1 ? key_mask : key_mask.contiguous();  // [B, S]
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3), width = slots.size(1);
-  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());  // [B, H, 1, D]
-  const int sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int splits = kernels::decode_attention_num_splits(batch, heads, width, sm_count);
-  const int64_t workspace_floats = kernels::decode_attention_workspace_floats(batch, heads, dim, splits);
-  torch::Tensor workspace;  // [B, H, splits, D + 2] fp32 when split
-  if (workspace_floats > 0) workspace = torch::empty({workspace_floats}, q.options().dtype(torch::kFloat32));
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  detail::dispatch_kernel_dtype("paged_decode_attention", q.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    kernels::DecodeAttentionParams<T> p{};
-    p.q = detail::data_as<T>(queries);
-    p.k = detail::data_as<T>(keys);
-    p.v = detail::data_as<T>(values);
-    p.mask = mask.data_ptr<int64_t>();
-    p.slots = table.data_ptr<int64_t>();
-    p.out = detail::mutable_data_as<T>(out);
-    p.workspace = workspace.defined() ? workspace.data_ptr<float>() : nullptr;
-    p.batch = batch;
-    p.heads = heads;
-    p.kv_heads = key_slots.size(1) / dim;
-    p.head_dim = dim;
-    p.length = width;
-    p.q_stride_b = detail::stride_of(queries, 0);
-    p.q_stride_h = detail::stride_of(queries, 1);
-    p.k_stride_b = 0;  // every row reads the one pool
-    p.k_stride_h = dim;
-    p.k_stride_s = keys.stride(0);
-    p.v_stride_b = 0;
-    p.v_stride_h = dim;
-    p.v_stride_s = values.stride(0);
-    p.mask_stride_b = mask.stride(0);
-    p.slots_stride_b = table.stride(0);
-    p.scale = static_cast<float>(scale);
-    p.masked_score = static_cast<float>(detail::lowest_value(q.scalar_type()));
-    p.num_splits = splits;
-    DSCHAT_CUDA_CHECK(kernels::decode_attention(p, stream));
-  });
-  return out;
+  const int64_t dim = q.size(3);
+  detail::DecodeAttentionKernelArgs args;
+  args.q = q.stride(3) == 1 ? q : q.contiguous();                                       // [B, H, 1, D]
+  args.k = key_slots.stride(1) == 1 ? key_slots : key_slots.contiguous();                // [N, H_kv * D]
+  args.v = value_slots.stride(1) == 1 ? value_slots : value_slots.contiguous();          // [N, H_kv * D]
+  args.kv_heads = key_slots.size(1) / dim;
+  args.length = slots.size(1);
+  // Every row reads the one pool (batch stride 0); kv head j at offset j * D of a token row.
+  args.k_strides[0] = 0;
+  args.k_strides[1] = dim;
+  args.k_strides[2] = args.k.stride(0);
+  args.v_strides[0] = 0;
+  args.v_strides[1] = dim;
+  args.v_strides[2] = args.v.stride(0);
+  args.slots = slots.stride(1) == 1 ? slots : slots.contiguous();            // [B, S]
+  args.mask = key_mask.stride(1) == 1 ? key_mask : key_mask.contiguous();    // [B, S]
+  args.scale = scale;
+  return detail::launch_decode_attention_kernel("paged_decode_attention", args);
 }
 #endif
 
