@@ -117,21 +117,34 @@ TEST_P(OnDevice, LowPrecisionTrainingStaysFiniteAndLearns) {
   }
 }
 
+// A fixture's prompts and transformers' greedy continuation of them (tools/make_fixtures.py).
+struct GreedyCase {
+  torch::Tensor ids;       // [B, T] on the device
+  torch::Tensor mask;      // [B, T] on the device
+  torch::Tensor expected;  // [B, T + N] on the CPU
+  core::GenerationConfig config;  // greedy, N new tokens
+};
+
+GreedyCase greedy_case(const std::string& fixture, const torch::Device& device) {
+  const auto expected_dir = testing::fixture(fixture) / "expected";
+  GreedyCase c;
+  c.ids = io::load_npy(expected_dir / "input_ids.npy").to(device);
+  c.mask = io::load_npy(expected_dir / "attention_mask.npy").to(device);
+  c.expected = io::load_npy(expected_dir / "greedy.npy");
+  c.config.max_new_tokens = c.expected.size(1) - c.ids.size(1);
+  return c;
+}
+
 TEST_P(OnDevice, GreedyGenerationGivesTransformersIds) {
   for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
-    const auto expected_dir = testing::fixture(fixture) / "expected";
-    torch::Tensor ids = io::load_npy(expected_dir / "input_ids.npy").to(device());         // [B, T]
-    torch::Tensor mask = io::load_npy(expected_dir / "attention_mask.npy").to(device());   // [B, T]
-    torch::Tensor expected = io::load_npy(expected_dir / "greedy.npy");                    // [B, T + N]
+    const GreedyCase c = greedy_case(fixture, device());
     auto model = load_on(fixture, device());
     inference::InferenceEngineOptions options;
-    options.max_out_tokens = expected.size(1);
+    options.max_out_tokens = c.expected.size(1);
     options.log_stats = false;
     inference::InferenceEngine engine(model, options);
-    core::GenerationConfig config;
-    config.max_new_tokens = expected.size(1) - ids.size(1);
-    torch::Tensor got = engine.generate(ids, mask, config).sequences.cpu();  // [B, T + N]
-    EXPECT_TRUE(torch::equal(got, expected)) << fixture << "\n" << got << "\n" << expected;
+    torch::Tensor got = engine.generate(c.ids, c.mask, c.config).sequences.cpu();  // [B, T + N]
+    EXPECT_TRUE(torch::equal(got, c.expected)) << fixture << "\n" << got << "\n" << c.expected;
   }
 }
 
@@ -140,22 +153,17 @@ TEST_P(OnDevice, GreedyGenerationGivesTransformersIds) {
 // ids, as the gathering reference path does.
 TEST_P(OnDevice, ContinuousEngineGivesTransformersIds) {
   for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
-    const auto expected_dir = testing::fixture(fixture) / "expected";
-    torch::Tensor ids = io::load_npy(expected_dir / "input_ids.npy").to(device());        // [B, T]
-    torch::Tensor mask = io::load_npy(expected_dir / "attention_mask.npy").to(device());  // [B, T]
-    torch::Tensor expected = io::load_npy(expected_dir / "greedy.npy");                   // [B, T + N]
+    const GreedyCase c = greedy_case(fixture, device());
     auto model = load_on(fixture, device());
-    core::GenerationConfig config;
-    config.max_new_tokens = expected.size(1) - ids.size(1);
     for (bool gather : {false, true}) {
       inference::ContinuousEngineOptions options;
       options.block_size = 4;
       options.num_blocks = 64;
       options.gather_for_attention = gather;
       inference::ContinuousEngine engine(model, options);
-      torch::Tensor got = engine.generate(ids, mask, config).sequences.cpu();  // [B, T + N]
-      EXPECT_TRUE(torch::equal(got, expected)) << fixture << (gather ? " gathered" : " in place") << "\n" << got
-                                               << "\n" << expected;
+      torch::Tensor got = engine.generate(c.ids, c.mask, c.config).sequences.cpu();  // [B, T + N]
+      EXPECT_TRUE(torch::equal(got, c.expected)) << fixture << (gather ? " gathered" : " in place") << "\n" << got
+                                                 << "\n" << c.expected;
     }
   }
 }
