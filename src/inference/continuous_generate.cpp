@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dschat/core/error.h"
+#include "inference/continuous_sequence.h"
 #include "dschat/inference/logits_processing.h"
 
 namespace dschat {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dschat/core/error.h"
+#include "inference/continuous_sequence.h"
 #include "dschat/inference/paged_kv_cache.h"
 
 namespace dschat {

@@ -221,7 +221,7 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
   const torch::ScalarType dtype = actor.setup.dtype;
   const PlannedModel& reference =
       b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));
-  if (p.enable_ema) {  // resident only: it is updated after each step, never run in one
+  if (p.enable_ema) {  // resident only (updated after each step, never run); partitioned at ZeRO-3
     ModelSetup e = frozen_setup("ema", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model);
     e.lora_dim = p.actor.lora_dim;
     e.lora_module_name = p.actor.lora_module_name;
@@ -259,7 +259,12 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   if (g.kl_coef != 0.0) {
     scorers.push_back(&b.add(frozen_setup("reference", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)));
   }
-  if (g.enable_ema) b.add(frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, false));  // resident only
+  if (g.enable_ema) {  // resident only; partitioned (and offloaded with the reference) at ZeRO-3
+    ModelSetup e = frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model);
+    e.lora_dim = g.actor.lora_dim;
+    e.lora_module_name = g.actor.lora_module_name;
+    b.add(e);
+  }
   for (const rlhf::RewardSourceConfig& source : g.rewards) {
     if (source.type != rlhf::RewardSourceType::kRewardModel) continue;
     const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards");

@@ -9,6 +9,10 @@
 // With --checkpoint the model is loaded from that directory instead (--deferred: a partitioned
 // load, DeepSpeed's zero.Init), and --inference-check also scores a fixed batch with a frozen
 // partitioned copy under a ZeRO-3 inference engine, against an eager replicated copy.
+// --ema keeps an engine::PartitionedEma beside a replicated EMA (DeepSpeed-Chat's moving_average
+// over consolidated_parameters() after every step) and reports whether they agree bit for bit,
+// whether a partitioned EMA loaded from the replicated one consolidates to it, and each rank's
+// EMA bytes ("ema").
 // --async saves in the background (an AsyncCheckpointWriter, waited for before the next save and
 // at the end); --hang-in-write TAG --marker F makes the write of TAG create F and then stall, so
 // a test can kill the ranks while that write is under way.
@@ -16,15 +20,18 @@
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
 //            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
 //            [--timeout-ms T] [--checkpoint DIR [--deferred] [--inference-check]] [--async]
-//            [--hang-in-write TAG --marker F]
+//            [--hang-in-write TAG --marker F] [--ema]
 #include <chrono>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
 #include "dschat/dist/process_group.h"
+#include "dschat/engine/partitioned_ema.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/engine/zero_inference_engine.h"
 #include "dschat/models/causal_lm.h"
@@ -57,6 +64,7 @@ struct Args {
   bool deferred = false;
   bool inference_check = false;
   bool async = false;
+  bool ema = false;
   std::string hang_in_write, marker;
 };
 
@@ -82,6 +90,7 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--deferred")) args.deferred = true;
     else if (flags.is("--inference-check")) args.inference_check = true;
     else if (flags.is("--async")) args.async = true;
+    else if (flags.is("--ema")) args.ema = true;
     else if (flags.is("--hang-in-write")) args.hang_in_write = flags.value();
     else if (flags.is("--marker")) args.marker = flags.value();
     else flags.unknown();
@@ -205,6 +214,13 @@ int run(const Args& args) {
       std::this_thread::sleep_for(std::chrono::minutes(10));  // until the test kills us
     });
   }
+  constexpr double kBeta = 0.9;  // a fast average: every step moves it visibly
+  std::optional<engine::PartitionedEma> ema;
+  std::map<std::string, torch::Tensor> replicated_ema;  // name -> full value
+  if (args.ema) {
+    ema.emplace(trainer, torch::kCPU);
+    replicated_ema = trainer.consolidated_parameters();
+  }
   engine::AsyncCheckpointWriter writer;
   int64_t first_step = 0;
   if (args.load) first_step = trainer.load_checkpoint(args.save_dir)["next_step"].get<int64_t>();
@@ -222,6 +238,13 @@ int run(const Args& args) {
       if (m + 1 == args.gas) after_backward = footprint_json(trainer.memory_footprint());
       trainer.step();
     }
+    if (args.ema) {
+      ema->update(kBeta);
+      torch::NoGradGuard no_grad;
+      for (auto& [name, value] : trainer.consolidated_parameters()) {
+        replicated_ema[name] = torch::lerp(value.to(torch::kCPU), replicated_ema.at(name).to(torch::kCPU), kBeta);
+      }
+    }
     torch::Tensor total = torch::full({1}, loss_sum, torch::kFloat64);  // [1]
     communicator->all_reduce(total, dist::ReduceOp::Sum);
     losses.push_back(total.item<double>() / static_cast<double>(args.gas * world));
@@ -237,6 +260,32 @@ int run(const Args& args) {
   for (const auto& [name, value] : trainer.consolidated_parameters()) {
     checksum += value.to(torch::kFloat64).abs().sum().item<double>();
     num_params += value.numel();
+  }
+
+  json ema_report;
+  if (args.ema) {
+    auto agrees = [&](const std::map<std::string, torch::Tensor>& got) {
+      if (got.size() != replicated_ema.size()) return false;
+      for (const auto& [name, value] : replicated_ema) {
+        if (!torch::equal(got.at(name), value.to(torch::kCPU))) return false;
+      }
+      return true;
+    };
+    const bool equal = agrees(ema->consolidated());
+    engine::PartitionedEma loaded(trainer, torch::kCPU);
+    loaded.load(replicated_ema);
+    const bool roundtrip = agrees(loaded.consolidated());
+    int64_t full_bytes = 0;
+    for (const auto& [name, value] : replicated_ema) full_bytes += value.numel() * value.element_size();
+    torch::Tensor flags = torch::tensor({equal ? int64_t{1} : 0, roundtrip ? int64_t{1} : 0}, torch::kInt64);  // [2]
+    communicator->all_reduce(flags, dist::ReduceOp::Sum);
+    torch::Tensor bytes = torch::tensor({ema->bytes()}, torch::kInt64);  // [1]
+    torch::Tensor all_bytes = torch::empty({world}, torch::kInt64);     // [world]
+    communicator->all_gather_into(all_bytes, bytes);
+    ema_report = {{"equal_on_all_ranks", flags[0].item<int64_t>() == world},
+                  {"load_roundtrip_on_all_ranks", flags[1].item<int64_t>() == world},
+                  {"bytes_per_rank", std::vector<int64_t>(all_bytes.data_ptr<int64_t>(), all_bytes.data_ptr<int64_t>() + world)},
+                  {"full_bytes", full_bytes}};
   }
 
   // Every rank's byte counts, gathered to rank 0.
@@ -263,7 +312,7 @@ int run(const Args& args) {
     json report = {{"losses", losses}, {"checksum", checksum}, {"num_params", num_params},
                    {"per_rank", per_rank}, {"theoretical", footprint_json(theory)},
                    {"global_steps", trainer.global_steps()}, {"meta_before_engine", meta_before_engine},
-                   {"inference", inference}};
+                   {"inference", inference}, {"ema", ema_report}};
     std::ofstream(args.out) << report.dump(1);
   }
   communicator->barrier();

@@ -36,6 +36,7 @@ struct Run {
   bool deferred = false;   // a partitioned load (zero.Init)
   bool inference_check = false;
   bool async = false;  // saves in the background
+  bool ema = false;    // a PartitionedEma beside a replicated EMA
 };
 
 json train(const Run& run) {
@@ -53,6 +54,7 @@ json train(const Run& run) {
   if (run.deferred) spec.argv.push_back("--deferred");
   if (run.inference_check) spec.argv.push_back("--inference-check");
   if (run.async) spec.argv.push_back("--async");
+  if (run.ema) spec.argv.push_back("--ema");
   spec.world_size = run.world;
   spec.deadline = std::chrono::seconds(120);
   const testing::JobOutcome job = testing::run_rank_job(spec);
@@ -164,6 +166,25 @@ TEST(ZeroMultiprocMemory, EachStagePartitionsWhatItShould) {
     const json& rank0 = runs[stage]["per_rank"][0];
     EXPECT_NEAR(rank0["optimizer_after_step"].get<double>() / theory["optimizer"].get<double>(), 1.0, 0.02);
     EXPECT_NEAR(rank0["gradients_after_backward"].get<double>() / theory["gradients"].get<double>(), 1.0, 0.02);
+  }
+}
+
+// DeepSpeed-Chat's EMA actor at ZeRO-3 (engine::PartitionedEma): on 4 ranks each holds a quarter
+// of the average (the owned quarter of every group, the persistent ones too: padding aside,
+// exactly 1/4), updates it without any collective, and
+// after 6 steps it consolidates to the replicated EMA (moving_average over the gathered
+// parameters after every step) bit for bit; loading it from a full state dict round-trips.
+TEST(ZeroMultiprocEma, PartitionedEmaAtStage3EqualsTheReplicatedEmaWithAQuarterOfTheBytes) {
+  struct Run run{3, 4, 1, 6};
+  run.ema = true;
+  const json report = train(run);
+  ASSERT_TRUE(report.contains("ema")) << report.dump();
+  const json& ema = report["ema"];
+  EXPECT_TRUE(ema["equal_on_all_ranks"].get<bool>()) << ema.dump();
+  EXPECT_TRUE(ema["load_roundtrip_on_all_ranks"].get<bool>()) << ema.dump();
+  const double full = ema["full_bytes"].get<double>();
+  for (const json& bytes : ema["bytes_per_rank"]) {
+    EXPECT_NEAR(bytes.get<double>() / full, 0.25, 0.01) << ema.dump();
   }
 }
 

@@ -179,6 +179,7 @@ class TrainingEngine {
   nlohmann::json load_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
 
  private:
+  friend class PartitionedEma;  // reads the flat groups' owned ranges
   // The accumulation window's reduced gradients' squared norm, on their device and (read once)
   // on the host; defined in training_engine.cpp.
   struct WindowNorm;

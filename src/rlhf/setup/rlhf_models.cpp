@@ -137,7 +137,12 @@ RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_ite
                                                models.ref_engine);
   }
 
-  if (config.enable_ema) {
+  if (config.enable_ema && config.actor.zero_stage == 3) {
+    // Partitioned like the actor, starting from its values (the same checkpoint and adapters the
+    // replicated copy below loads), on the host when the reference is offloaded.
+    const torch::Device device = config.offload_reference_model ? torch::Device(torch::kCPU) : load.device;
+    models.ema_partitions = std::make_unique<engine::PartitionedEma>(models.actor->training_engine(), device);
+  } else if (config.enable_ema) {
     torch::manual_seed(config.common.seed);
     models.ema = models::load_causal_lm(config.actor_model_name_or_path, load);
     // Same adapters as the actor's (DS-Chat gives the EMA fresh ones: only their effect, a zero
@@ -203,10 +208,20 @@ void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string
 }
 
 void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_dir, const std::string& tag) {
-  if (!models.ema) return;
+  if (!models.has_ema()) return;
   io::TensorMap ema = io::load_state_dict(ema_dir / tag);
+  if (models.ema_partitions) {
+    models.ema_partitions->load(std::map<std::string, torch::Tensor>(ema.begin(), ema.end()));
+    return;
+  }
   torch::NoGradGuard no_grad;
   for (auto& item : models.ema->named_parameters()) item.value().copy_(ema.at(item.key()));
+}
+
+std::map<std::string, torch::Tensor> ema_parameters(RlhfModels& models) {
+  if (models.ema_partitions) return models.ema_partitions->consolidated();
+  if (models.ema) return module_parameters(*models.ema);
+  return {};
 }
 
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
@@ -217,13 +232,14 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
   const auto updates = [](const engine::TrainingEngine& e) { return e.global_steps() - e.skipped_steps(); };
   check_step_output(actor_params, updates(models.actor->training_engine()), output_dir, context);
   if (models.critic_engine) check_step_output(critic_params, updates(*models.critic_engine), output_dir, context);
+  const std::map<std::string, torch::Tensor> ema_params = ema_parameters(models);  // collective
   if (context_rank(context) == 0) {
     const std::filesystem::path staging = staging_dir_for(output_dir);
     write_staged(staging, [&] {
       write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
       if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
-      if (models.ema) {
-        write_model_dir(module_parameters(*models.ema), models.ema->config(), tokenizer, staging / "actor_ema");
+      if (models.has_ema()) {
+        write_model_dir(ema_params, models.actor->actor()->config(), tokenizer, staging / "actor_ema");
       }
       commit_step_output(staging, output_dir, summary);
     });
@@ -232,21 +248,12 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
 }
 
 void update_ema(RlhfModels& models, double beta) {
-  if (!models.ema) return;
-  engine::TrainingEngine& engine = models.actor->training_engine();
-  if (engine.layer_parameter_hooks() == nullptr) {  // ZeRO 0-2: every parameter is resident
-    ema_update(*models.actor->actor(), *models.ema, beta);
+  if (models.ema_partitions) {  // ZeRO-3: this rank's ranges, nothing gathered
+    models.ema_partitions->update(beta);
     return;
   }
-  // ZeRO-3: gather the full parameters (collective) and average by name.
-  std::map<std::string, torch::Tensor> full = engine.consolidated_parameters();
-  engine.release_gathered_parameters();
-  torch::NoGradGuard no_grad;
-  for (auto& item : models.ema->named_parameters()) {
-    auto it = full.find(item.key());
-    DSCHAT_CHECK(it != full.end(), InvalidArgument, "EMA: the actor has no parameter '", item.key(), "'");
-    item.value().lerp_(it->second.to(item.value().device(), item.value().dtype()), 1.0 - beta);
-  }
+  if (!models.ema) return;
+  ema_update(*models.actor->actor(), *models.ema, beta);  // ZeRO 0-2: every parameter is resident
 }
 
 }  // namespace rlhf

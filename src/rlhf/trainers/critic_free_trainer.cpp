@@ -56,8 +56,9 @@ class CriticFreeAlgorithm : public PolicyAlgorithm {
   std::vector<engine::TrainingEngine*> engines() override { return {&models_.actor->training_engine()}; }
   std::vector<std::string> other_parts() const override { return {"ema"}; }
   void save_parts(const fs::path& dir, const std::string& tag, engine::AsyncCheckpointWriter* background) override {
-    if (models_.ema && context_rank(context_) == 0) {
-      save_ema_checkpoint(dir / "ema", tag, module_parameters(*models_.ema), background);
+    if (models_.has_ema()) {
+      const std::map<std::string, torch::Tensor> ema = ema_parameters(models_);  // collective
+      if (context_rank(context_) == 0) save_ema_checkpoint(dir / "ema", tag, ema, background);
     }
   }
   void load_parts(const fs::path& dir, const std::string& tag) override { load_ema_checkpoint(models_, dir / "ema", tag); }
@@ -139,7 +140,7 @@ std::vector<CriticFreeMicroStats> CriticFreeAlgorithm::train_passes(const Critic
         window_tokens(micro, answers, config_.common.gradient_accumulation_steps, context_);
     for (size_t i = 0; i < micro.size(); ++i) {
       micro_stats.push_back(critic_free_micro_step(*models_.actor, config_, answers, micro[i], tokens[i]));
-      if (models_.ema) update_ema(models_, kEmaBeta);
+      if (models_.has_ema()) update_ema(models_, kEmaBeta);
     }
   }
   return micro_stats;

@@ -54,8 +54,9 @@ class PpoAlgorithm : public PolicyAlgorithm {
   std::vector<std::string> other_parts() const override { return {"critic", "ema"}; }
   void save_parts(const fs::path& dir, const std::string& tag, engine::AsyncCheckpointWriter* background) override {
     models_.critic_engine->save_checkpoint(dir / "critic", tag, nlohmann::json::object(), background);
-    if (models_.ema && context_rank(context_) == 0) {
-      save_ema_checkpoint(dir / "ema", tag, module_parameters(*models_.ema), background);
+    if (models_.has_ema()) {
+      const std::map<std::string, torch::Tensor> ema = ema_parameters(models_);  // collective
+      if (context_rank(context_) == 0) save_ema_checkpoint(dir / "ema", tag, ema, background);
     }
   }
   void load_parts(const fs::path& dir, const std::string& tag) override {
@@ -207,7 +208,7 @@ std::optional<monitor::StepFigures> PpoAlgorithm::train(const PolicyStep& step) 
       if (mixture() && i < unsup_micro.size()) {
         stats.add_unsupervised(train_unsupervised(models_, unsup_micro[i], config_.data.unsup_coef));
       }
-      if (models_.ema) update_ema(models_, kEmaBeta);
+      if (models_.has_ema()) update_ema(models_, kEmaBeta);
     }
     std::shuffle(micro.begin(), micro.end(), shuffle_rng);
     std::shuffle(unsup_micro.begin(), unsup_micro.end(), shuffle_rng);

@@ -25,6 +25,7 @@
 #include "dschat/engine/async_checkpoint_writer.h"
 #include "dschat/engine/training_engine.h"
 #include "dschat/engine/zero_inference_engine.h"
+#include "dschat/engine/partitioned_ema.h"
 #include "dschat/hybrid/hybrid_engine.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/models/value_head.h"
@@ -78,7 +79,10 @@ struct RlhfModels {
   std::unique_ptr<engine::TrainingEngine> critic_engine;
   models::ValueHeadModel reward{nullptr};
   std::unique_ptr<engine::ZeroInferenceEngine> reward_engine;  // placement.reward.zero3
-  models::CausalLM ema{nullptr};  // null without enable_ema
+  models::CausalLM ema{nullptr};  // enable_ema with the actor at ZeRO 0-2: a replicated copy
+  std::unique_ptr<engine::PartitionedEma> ema_partitions;  // enable_ema with the actor at ZeRO-3
+                                                           // (host partitions with offload_reference_model)
+  bool has_ema() const { return !ema.is_empty() || ema_partitions != nullptr; }
 };
 
 /// Collective. `total_iters` is DS-Chat's num_total_iters (the LR schedules' length);
@@ -111,8 +115,13 @@ void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_di
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
                      const nlohmann::json& summary, const StepContext& context);
 
-/// ema <- lerp(actor, ema, beta) for every parameter (ZeRO-3 partitions gathered first).
+/// ema <- lerp(actor, ema, beta) for every parameter (at ZeRO-3 partition by partition: nothing
+/// is gathered).
 void update_ema(RlhfModels& models, double beta);
+
+/// Collective: the EMA's parameters by name (gathered from every rank's partitions at ZeRO-3);
+/// empty without an EMA.
+std::map<std::string, torch::Tensor> ema_parameters(RlhfModels& models);
 
 }  // namespace rlhf
 }  // namespace dschat
