@@ -167,7 +167,7 @@ void add_generation(StepBuilder& b, const PlannedModel& actor, int64_t rows, int
   b.add_item({s.role, "decode logits [B, V]", "generate", decode_rows * s.config.vocab_size * 12, 0});
 }
 
-// The hybrid engine generates tensor-parallel over all ranks or not at all.
+// The hybrid engine generates in tensor-parallel groups of inference_tp_size consecutive ranks.
 void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
   if (tp >= 1 && world % tp == 0) return;
   plan.config_problem = "inference_tp_size " + std::to_string(tp) + " does not divide the world size " +
