@@ -14,7 +14,8 @@ namespace dschat {
 namespace inference {
 
 std::vector<int64_t> ContinuousEngine::submit_rows(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                                   const core::GenerationConfig& config) {
+                                                   const core::GenerationConfig& config, torch::Tensor& ids,
+                                                   torch::Tensor& mask) {
   DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: generate() needs an idle engine (",
                waiting_.size(), " waiting, ", running_.size(), " running)");
   DSCHAT_CHECK(input_ids.dim() == 2 && input_ids.sizes() == attention_mask.sizes() && input_ids.size(0) > 0 &&
@@ -22,8 +23,8 @@ std::vector<int64_t> ContinuousEngine::submit_rows(const torch::Tensor& input_id
                InvalidArgument, "generate: input_ids ", input_ids.sizes(), " and attention_mask ",
                attention_mask.sizes(), " must both be [batch, tokens] with batch and tokens > 0");
   const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
-  torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();        // [B, T]
-  torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();  // [B, T]
+  ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();        // [B, T]
+  mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();  // [B, T]
   // Read in place, not one .item() (an ATen call) per token.
   const auto id_rows = ids.accessor<int64_t, 2>();
   const auto mask_rows = mask.accessor<int64_t, 2>();
@@ -48,14 +49,15 @@ std::vector<int64_t> ContinuousEngine::submit_rows(const torch::Tensor& input_id
 GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                             const core::GenerationConfig& config) {
   std::vector<int64_t> requests;
+  torch::Tensor ids, mask;  // [B, T] int64 on the host, read once
   if (!options_.lockstep) {
-    requests = submit_rows(input_ids, attention_mask, config);
+    requests = submit_rows(input_ids, attention_mask, config, ids, mask);
   } else {
     // One vote before the first forward: a rank that rejects its input must not leave the others
     // waiting in a collective.
     std::string local_error;
     try {
-      requests = submit_rows(input_ids, attention_mask, config);
+      requests = submit_rows(input_ids, attention_mask, config, ids, mask);
     } catch (const std::exception& e) {
       local_error = e.what();
     }
@@ -69,8 +71,6 @@ GenerationResult ContinuousEngine::generate(const torch::Tensor& input_ids, cons
     }
   }
   const int64_t prompts = input_ids.size(0), width = input_ids.size(1), n = config.num_return_sequences;
-  const torch::Tensor ids = input_ids.to(torch::kCPU, torch::kInt64);        // [B, T]
-  const torch::Tensor mask = attention_mask.to(torch::kCPU, torch::kInt64);  // [B, T]
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> answers;  // (prompt, sample) -> new tokens
   int64_t longest = 0;
   const auto start = std::chrono::steady_clock::now();

@@ -219,9 +219,10 @@ class ContinuousEngine {
   /// Lockstep: votes "done" (and has_work()) until no rank wants a forward, running an idle
   /// forward each time one does; records whether any rank has work left.
   void finish_lockstep_step();
-  /// Submits every row of a generate() call (its request ids); on failure none stays queued.
+  /// Submits every row of a generate() call (its request ids; ids and mask receive the host
+  /// copies [B, T] int64 it read them from); on failure none stays queued.
   std::vector<int64_t> submit_rows(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
-                                   const core::GenerationConfig& config);
+                                   const core::GenerationConfig& config, torch::Tensor& ids, torch::Tensor& mask);
   void free_blocks(Sequence& sequence);
   void cancel_where(const std::function<bool(const Sequence&)>& matches);
   int64_t blocks_for(int64_t tokens) const { return (tokens + options_.block_size - 1) / options_.block_size; }
