@@ -190,6 +190,31 @@ void FlatParameterGroup::take_gradient(size_t member) {
   grad = torch::Tensor();
 }
 
+void FlatParameterGroup::add_gradient_to(size_t member, const ElementRange& range, torch::Tensor& staging) const {
+  const torch::Tensor& grad = members_[member].param.grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  const FlatSlot& slot = layout_.slots[member];
+  const ElementRange common = intersect(range, {slot.offset, slot.offset + slot.numel});
+  if (common.size() == 0) return;
+  staging.narrow(0, common.begin - range.begin, common.size())
+      .add_(grad.reshape({-1}).narrow(0, common.begin - slot.offset, common.size()));
+}
+
+void FlatParameterGroup::zero_gradient_part(size_t member, const ElementRange& range) {
+  torch::Tensor& grad = members_[member].param.mutable_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  if (!grad.is_contiguous()) grad = grad.contiguous();  // so the flat view below writes into it
+  const FlatSlot& slot = layout_.slots[member];
+  const ElementRange common = intersect(range, {slot.offset, slot.offset + slot.numel});
+  if (common.size() > 0) grad.view({-1}).narrow(0, common.begin - slot.offset, common.size()).zero_();
+}
+
+torch::Tensor FlatParameterGroup::new_gradient_staging(int64_t numel) const {
+  return torch::zeros({numel}, torch::dtype(torch::kFloat32).device(context_.model_device));  // [numel]
+}
+
 void FlatParameterGroup::accumulate_gradients() {
   if (!trainable_) return;
   ensure_gradient_buffer();
@@ -228,11 +253,13 @@ void FlatParameterGroup::reduce_gradients() {
   if (context_.stage >= 2) flat_grad_ = torch::Tensor();
 }
 
-void FlatParameterGroup::begin_gradient_reduction(const ElementRange& range) {
-  DSCHAT_CHECK(trainable_ && flat_grad_.defined() && !partition_params_, Error, "ZeRO group '", label_,
-               "': no flat gradient buffer to reduce");
+void FlatParameterGroup::begin_gradient_reduction(const ElementRange& range, const torch::Tensor& staged) {
+  DSCHAT_CHECK(trainable_ && (flat_grad_.defined() || staged.defined()) && !partition_params_, Error, "ZeRO group '",
+               label_, "': no flat gradient buffer to reduce");
+  DSCHAT_CHECK(!staged.defined() || (owner_world() > 1 && staged.numel() == range.size()), Error, "ZeRO group '",
+               label_, "': staged gradients need a partitioned owner world and one value per element of the range");
   torch::NoGradGuard no_grad;
-  torch::Tensor input = flat_grad_.narrow(0, range.begin, range.size());  // [range]
+  torch::Tensor input = staged.defined() ? staged : flat_grad_.narrow(0, range.begin, range.size());  // [range]
   PendingReduction pending;
   if (owner_world() == 1) {  // stage 0 (or a world of one): every rank keeps the whole average
     if (context_.world_size > 1) pending.work = context_.communicator->start_all_reduce(input, dist::ReduceOp::Avg);
@@ -244,7 +271,15 @@ void FlatParameterGroup::begin_gradient_reduction(const ElementRange& range) {
   std::vector<int64_t> counts;
   for (int64_t r = 0; r < owner_world(); ++r) counts.push_back(intersect(range, layout_.partition(r)).size());
   pending.owned_part = intersect(range, owned_range());
-  pending.reduced = torch::empty({pending.owned_part.size()}, flat_grad_.options());  // [owned part]
+  if (staged.defined()) {
+    // In place: the all-to-all has read the whole input before the sum lands in this segment.
+    pending.staged = staged;
+    pending.reduced = pending.owned_part.size() == 0
+                          ? staged.narrow(0, 0, 0)
+                          : staged.narrow(0, pending.owned_part.begin - range.begin, pending.owned_part.size());
+  } else {
+    pending.reduced = torch::empty({pending.owned_part.size()}, flat_grad_.options());  // [owned part]
+  }
   pending.work = context_.communicator->start_reduce_scatter(pending.reduced, input, counts);
   pending_reductions_.push_back(std::move(pending));
 }
@@ -272,7 +307,7 @@ void FlatParameterGroup::finish_gradient_reductions() {
   }
   if (context_.stage >= 2) {
     flat_grad_ = torch::Tensor();
-  } else {
+  } else if (flat_grad_.defined()) {
     flat_grad_.zero_();
   }
 }
@@ -355,6 +390,7 @@ MemoryFootprint FlatParameterGroup::footprint() const {
   MemoryFootprint bytes;
   bytes.parameter_bytes = bytes_of(flat_params_) + bytes_of(pending_flat_) + bytes_of(param_partition_);
   bytes.gradient_bytes = bytes_of(flat_grad_) + bytes_of(grad_partition_) + host_gradients_.staged_bytes();
+  for (const PendingReduction& pending : pending_reductions_) bytes.gradient_bytes += bytes_of(pending.staged);
   for (const Member& member : members_) bytes.gradient_bytes += bytes_of(member.param.grad());
   if (master_.defined() && !master_.is_alias_of(owned_values())) bytes.optimizer_bytes = bytes_of(master_);
   return bytes;

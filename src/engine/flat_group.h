@@ -89,6 +89,14 @@ class FlatParameterGroup {
   void accumulate_gradients();
   /// The same for member `member` alone (nothing when it has no .grad).
   void take_gradient(size_t member);
+  /// Stage 2's bucket staging (engine/bucket_reducer.h): adds the part of member `member`'s .grad
+  /// inside the flat range `range` into `staging` [range], fp32 on the model device.
+  void add_gradient_to(size_t member, const ElementRange& range, torch::Tensor& staging) const;
+  void drop_gradient(size_t member) { members_[member].param.mutable_grad() = torch::Tensor(); }
+  /// Zeroes the part of member `member`'s .grad inside the flat range `range` (already staged).
+  void zero_gradient_part(size_t member, const ElementRange& range);
+  /// [numel] fp32 zeros on the model device, for add_gradient_to.
+  torch::Tensor new_gradient_staging(int64_t numel) const;
   /// Allocates the fp32 flat gradient buffer (zeros) unless it exists.
   void ensure_gradient_buffer();
   /// Collective: stage 0 all-reduces (averages) the flat gradients in place; stages 1-3
@@ -98,8 +106,10 @@ class FlatParameterGroup {
   /// time, started while backward still runs. Collective, in the same order on every rank:
   /// stage 0 averages the range in place (all-reduce); stages 1-2 reduce-scatter it (averaged)
   /// onto the owners, each rank receiving the range's part in its own partition (possibly none).
-  /// The range must not be written until finish_gradient_reductions().
-  void begin_gradient_reduction(const ElementRange& range);
+  /// The range must not be written until finish_gradient_reductions(). With `staged` [range]
+  /// (stage 2 without a flat buffer) the range's gradients are read from it instead, and this
+  /// rank's part is reduced into it in place; the group keeps it until the reduction is finished.
+  void begin_gradient_reduction(const ElementRange& range, const torch::Tensor& staged = torch::Tensor());
   /// Waits for the begun ranges; stages 1-2 add their parts into the owned gradient partition and
   /// then free (stage 2) or zero (stage 1: a second backward before the step adds only its own
   /// gradients) the flat buffer, as reduce_gradients() leaves it.
@@ -173,7 +183,8 @@ class FlatParameterGroup {
   // of a reduce-scatter (stages 1-2) and the handle.
   struct PendingReduction {
     ElementRange owned_part;  // within the flat buffer
-    torch::Tensor reduced;    // [owned_part] fp32 sum over ranks (undefined at stage 0)
+    torch::Tensor staged;     // [range] fp32 staging it reads (stage 2), kept alive until finished
+    torch::Tensor reduced;    // [owned_part] fp32 sum over ranks (undefined at stage 0); staged: a view of it
     dist::PendingCollective work;
   };
   std::vector<PendingReduction> pending_reductions_;

@@ -10,7 +10,7 @@
 #include "dschat/models/backbone.h"
 #include "engine/grad_norm_cpu.h"
 #include "dschat/models/load_save.h"
-#include "engine/overlap_reducer.h"
+#include "engine/bucket_reducer.h"
 #include "engine/zero3_hooks.h"
 
 namespace dschat {
@@ -92,17 +92,24 @@ ZeroOptimizer::ZeroOptimizer(torch::nn::Module& module, const ZeroContext& conte
   }
   build_groups(module, zero, deferred);
   build_optimizer(optimizer, lora_learning_rate);
-  if (zero.overlap_comm && context_.stage < 3) {
+  // Stage 2 on several ranks always reduces in backward, from bucket staging (no rank holds the
+  // full gradient); overlap_comm then only decides whether a bucket's reduction overlaps the next.
+  const bool staged = context_.stage == 2 && context_.world_size > 1;
+  if ((zero.overlap_comm && context_.stage < 3) || staged) {
     std::vector<FlatParameterGroup*> trainable;
     for (const auto& group : groups_) {
       if (group->trainable()) trainable.push_back(group.get());
     }
-    overlap_ = std::make_unique<OverlappedGradientReducer>(std::move(trainable), context_.reduce_bucket_elements);
+    BucketGradientReducer::Options reducer;
+    reducer.bucket_elements = context_.reduce_bucket_elements;
+    reducer.staged = staged;
+    reducer.overlap = zero.overlap_comm;
+    reducer_ = std::make_unique<BucketGradientReducer>(std::move(trainable), reducer);
   }
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  overlap_.reset();  // removes the hooks before the groups they point into go
+  reducer_.reset();  // removes the hooks before the groups they point into go
   if (backbone_ && backbone_->layer_parameter_hooks() == hooks_.get()) backbone_->set_layer_parameter_hooks(nullptr);
 }
 
@@ -171,12 +178,12 @@ void ZeroOptimizer::build_optimizer(const OptimizerConfig& optimizer, double lor
 }
 
 void ZeroOptimizer::before_backward(bool boundary) {
-  if (overlap_ && (context_.stage == 2 || boundary)) overlap_->arm();
+  if (reducer_ && (context_.stage == 2 || boundary)) reducer_->arm();
 }
 
 void ZeroOptimizer::after_backward() {
-  if (overlap_ && overlap_->armed()) {
-    overlap_->finish();
+  if (reducer_ && reducer_->armed()) {
+    reducer_->finish();
     if (context_.stage < 2) reduced_in_backward_ = true;
     return;
   }
@@ -288,6 +295,7 @@ void ZeroOptimizer::publish_all() {
 
 void ZeroOptimizer::zero_gradients() {
   reduced_in_backward_ = false;
+  if (reducer_) reducer_->reset_peak();
   for (OwnedPiece& piece : pieces_) piece.value.mutable_grad() = torch::Tensor();
   for (const auto& group : groups_) group->zero_gradients();
   for (auto& [name, param] : ungrouped_) param.mutable_grad() = torch::Tensor();
@@ -323,6 +331,7 @@ MemoryFootprint ZeroOptimizer::footprint() const {
     if (param.grad().defined()) total.gradient_bytes += param.grad().numel() * static_cast<int64_t>(param.grad().element_size());
   }
   total.optimizer_bytes += adamw_->state_bytes();
+  if (reducer_) total.peak_staging_bytes = reducer_->peak_staging_bytes();
   return total;
 }
 

@@ -11,10 +11,11 @@
 //        stage3_param_persistence_threshold elements form a replicated "persistent" group
 //        (trainable) or stay as they are (frozen), as DeepSpeed keeps small parameters resident.
 //
-// overlap_comm at stages 0-2: the gradients of a backward that reduces (every one at stage 2, the
-// accumulation boundary's at stages 0-1) are reduced bucket by bucket while that backward runs
-// (engine/overlap_reducer.h); reduce_at_boundary() then has nothing left to do. Stage 3 always
-// reduces each layer inside backward and prefetches its gathers.
+// overlap_comm at stages 0-2, and stage 2 on several ranks always: the gradients of a backward
+// that reduces (every one at stage 2, the accumulation boundary's at stages 0-1) are reduced
+// bucket by bucket while that backward runs (engine/bucket_reducer.h; at stage 2 from bucket
+// staging, without a flat gradient buffer); reduce_at_boundary() then has nothing left to do.
+// Stage 3 always reduces each layer inside backward and prefetches its gathers.
 
 #include <torch/torch.h>
 
@@ -34,7 +35,7 @@ struct DeferredParameters;
 }
 namespace engine {
 
-class OverlappedGradientReducer;
+class BucketGradientReducer;
 class Zero3LayerHooks;
 
 /// DeepSpeed's unscale-and-clip multiplier, 0-dim fp64 on the norm's device:
@@ -79,11 +80,12 @@ class ZeroOptimizer {
   /// Parameters in no group (frozen at stages 0-2, small frozen ones at stage 3), by name.
   const std::vector<std::pair<std::string, torch::Tensor>>& ungrouped() const { return ungrouped_; }
 
-  /// Before each backward; `boundary`: it ends an accumulation window. With overlap_comm, arms
-  /// the overlapped reduction when this backward's gradients are to be reduced (collective then).
+  /// Before each backward; `boundary`: it ends an accumulation window. With a bucket reducer
+  /// (overlap_comm, or stage 2 on several ranks), arms it when this backward's gradients are to
+  /// be reduced (collective then).
   void before_backward(bool boundary);
   /// After each backward: moves new gradients into the groups; stages 2-3 reduce-scatter them
-  /// (with overlap_comm: waits for the reductions started during backward and finishes them).
+  /// (with a bucket reducer: waits for the reductions started during backward and finishes them).
   void after_backward();
   /// Collective, at an accumulation boundary: stage 0 all-reduces, stage 1 reduce-scatters.
   void reduce_at_boundary();
@@ -124,8 +126,8 @@ class ZeroOptimizer {
   std::unique_ptr<AdamW> adamw_;
   std::shared_ptr<models::Backbone> backbone_;  // stage 3: the model whose layers the hooks bracket
   std::unique_ptr<Zero3LayerHooks> hooks_;
-  std::unique_ptr<OverlappedGradientReducer> overlap_;  // stages 0-2 with overlap_comm
-  bool reduced_in_backward_ = false;  // stages 0-1: this window's gradients were reduced by overlap_
+  std::unique_ptr<BucketGradientReducer> reducer_;  // stages 0-2 with overlap_comm; stage 2 on several ranks
+  bool reduced_in_backward_ = false;  // stages 0-1: this window's gradients were reduced by reducer_
 };
 
 }  // namespace engine

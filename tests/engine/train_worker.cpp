@@ -13,6 +13,10 @@
 // over consolidated_parameters() after every step) and reports whether they agree bit for bit,
 // whether a partitioned EMA loaded from the replicated one consolidates to it, and each rank's
 // EMA bytes ("ema").
+// --wide W makes the model W wide (ffn 4W) for memory probes; --bucket N sets reduce_bucket_size.
+// --rss-probe measures each rank's peak resident set over the second step (forward, backward and
+// optimizer step): /proc/self/clear_refs resets the high-water mark, VmHWM reads it; glibc's mmap
+// threshold is fixed first so freed large tensors leave the resident set at once.
 // --async saves in the background (an AsyncCheckpointWriter, waited for before the next save and
 // at the end); --hang-in-write TAG --marker F makes the write of TAG create F and then stall, so
 // a test can kill the ranks while that write is under way.
@@ -20,11 +24,16 @@
 // usage: dschat_train_worker --out F [--stage S] [--micro M] [--gas G] [--steps N] [--offload]
 //            [--overlap-comm] [--stop-at K] [--bf16] [--layers L] [--save-dir D] [--save-every K] [--load]
 //            [--timeout-ms T] [--checkpoint DIR [--deferred] [--inference-check]] [--async]
-//            [--hang-in-write TAG --marker F] [--ema]
+//            [--hang-in-write TAG --marker F] [--ema] [--wide W] [--bucket N] [--rss-probe]
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -65,6 +74,9 @@ struct Args {
   bool inference_check = false;
   bool async = false;
   bool ema = false;
+  int64_t wide = 0;  // 0: the fixture's width
+  int64_t bucket = 3000;
+  bool rss_probe = false;
   std::string hang_in_write, marker;
 };
 
@@ -91,6 +103,9 @@ Args parse(int argc, char** argv) {
     else if (flags.is("--inference-check")) args.inference_check = true;
     else if (flags.is("--async")) args.async = true;
     else if (flags.is("--ema")) args.ema = true;
+    else if (flags.is("--wide")) args.wide = flags.int_value();
+    else if (flags.is("--bucket")) args.bucket = flags.int_value();
+    else if (flags.is("--rss-probe")) args.rss_probe = true;
     else if (flags.is("--hang-in-write")) args.hang_in_write = flags.value();
     else if (flags.is("--marker")) args.marker = flags.value();
     else flags.unknown();
@@ -146,10 +161,33 @@ json inference_check(const Args& args, const std::shared_ptr<dist::Communicator>
 
 json footprint_json(const engine::MemoryFootprint& bytes) {
   return {{"parameters", bytes.parameter_bytes}, {"gradients", bytes.gradient_bytes},
-          {"optimizer", bytes.optimizer_bytes}};
+          {"optimizer", bytes.optimizer_bytes}, {"peak_staging", bytes.peak_staging_bytes}};
+}
+
+// A /proc/self/status figure in bytes (VmRSS, VmHWM).
+int64_t status_bytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;  // "  1234 kB"
+  }
+  throw std::runtime_error("/proc/self/status has no " + key);
+}
+
+// Resets the peak resident set to the current one (Linux >= 4.0).
+void reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  DSCHAT_CHECK(clear.flush().good(), Error, "cannot write /proc/self/clear_refs");
 }
 
 int run(const Args& args) {
+#ifdef __GLIBC__
+  if (args.rss_probe) {
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);  // fixed: large blocks are mmapped and unmapped when freed
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  }
+#endif
   auto communicator = worker::join_job(args.timeout_ms);
   const int64_t world = communicator->world_size();
   const int64_t rank = communicator->rank();
@@ -158,6 +196,11 @@ int run(const Args& args) {
   core::ModelConfig config = core::load_model_config(std::string(DSCHAT_TEST_DATA_DIR) + "/opt-preln");
   config.num_hidden_layers = args.layers;
   config.dropout = 0.0;
+  if (args.wide > 0) {
+    config.hidden_size = config.word_embed_proj_dim = args.wide;
+    config.intermediate_size = 4 * args.wide;
+    config.head_dim = args.wide / config.num_attention_heads;
+  }
   torch::manual_seed(rank == 0 ? 7 : 1000 + rank);  // other ranks start elsewhere: the broadcast must fix it
   std::shared_ptr<models::DeferredParameters> deferred;
   models::CausalLM model = [&] {
@@ -182,7 +225,7 @@ int run(const Args& args) {
              {"steps_per_print", 0},
              {"zero_optimization",
               {{"stage", args.stage},
-               {"reduce_bucket_size", 3000},  // small buckets: several rounds per collective
+               {"reduce_bucket_size", args.bucket},  // small by default: several rounds per collective
                {"allgather_bucket_size", 5000},
                {"stage3_param_persistence_threshold", 64},
                {"stage3_prefetch_bucket_size", 20000}}}};
@@ -227,7 +270,13 @@ int run(const Args& args) {
   json losses = json::array();
   json after_backward;
   const int64_t last_step = args.stop_at >= 0 ? args.stop_at : args.steps;
+  int64_t rss_before = -1, rss_peak = -1;
   for (int64_t step = first_step; step < last_step; ++step) {
+    const bool probed = args.rss_probe && step == first_step + 1;
+    if (probed) {
+      reset_peak_rss();
+      rss_before = status_bytes("VmRSS");
+    }
     const torch::Tensor rows = step_batch(step, config.vocab_size);  // [16, T]
     double loss_sum = 0.0;
     for (int64_t m = 0; m < args.gas; ++m) {
@@ -238,6 +287,7 @@ int run(const Args& args) {
       if (m + 1 == args.gas) after_backward = footprint_json(trainer.memory_footprint());
       trainer.step();
     }
+    if (probed) rss_peak = status_bytes("VmHWM");
     if (args.ema) {
       ema->update(kBeta);
       torch::NoGradGuard no_grad;
@@ -291,10 +341,11 @@ int run(const Args& args) {
   // Every rank's byte counts, gathered to rank 0.
   const json inference = args.inference_check ? inference_check(args, communicator, config.vocab_size) : json();
   const int64_t inference_bytes = args.inference_check ? inference["parameters_after_release"].get<int64_t>() : 0;
-  constexpr int64_t kFigures = 5;
+  constexpr int64_t kFigures = 8;
   torch::Tensor mine = torch::tensor({after_backward["gradients"].get<int64_t>(), after_step["parameters"].get<int64_t>(),
                                       after_step["optimizer"].get<int64_t>(), parameters_after_build,
-                                      inference_bytes},
+                                      inference_bytes, after_backward["peak_staging"].get<int64_t>(), rss_before,
+                                      rss_peak},
                                      torch::kInt64);  // [kFigures]
   torch::Tensor all = torch::empty({world * kFigures}, torch::kInt64);  // [world * kFigures]
   communicator->all_gather_into(all, mine);
@@ -305,7 +356,10 @@ int run(const Args& args) {
                           {"parameters_after_step", all[r * kFigures + 1].item<int64_t>()},
                           {"optimizer_after_step", all[r * kFigures + 2].item<int64_t>()},
                           {"parameters_after_build", all[r * kFigures + 3].item<int64_t>()},
-                          {"inference_parameters_after_release", all[r * kFigures + 4].item<int64_t>()}});
+                          {"inference_parameters_after_release", all[r * kFigures + 4].item<int64_t>()},
+                          {"peak_staging_after_backward", all[r * kFigures + 5].item<int64_t>()},
+                          {"rss_before_probed_step", all[r * kFigures + 6].item<int64_t>()},
+                          {"rss_peak_in_probed_step", all[r * kFigures + 7].item<int64_t>()}});
     }
     const engine::MemoryFootprint theory =
         engine::theoretical_footprint(args.stage, num_params, args.bf16 ? 2 : 4, world);

@@ -37,6 +37,9 @@ struct Run {
   bool inference_check = false;
   bool async = false;  // saves in the background
   bool ema = false;    // a PartitionedEma beside a replicated EMA
+  int64_t wide = 0;    // model width (0: the fixture's)
+  int64_t bucket = 0;  // reduce_bucket_size (0: the worker's)
+  bool rss_probe = false;
 };
 
 json train(const Run& run) {
@@ -55,6 +58,9 @@ json train(const Run& run) {
   if (run.inference_check) spec.argv.push_back("--inference-check");
   if (run.async) spec.argv.push_back("--async");
   if (run.ema) spec.argv.push_back("--ema");
+  if (run.wide > 0) spec.argv.insert(spec.argv.end(), {"--wide", std::to_string(run.wide)});
+  if (run.bucket > 0) spec.argv.insert(spec.argv.end(), {"--bucket", std::to_string(run.bucket)});
+  if (run.rss_probe) spec.argv.push_back("--rss-probe");
   spec.world_size = run.world;
   spec.deadline = std::chrono::seconds(120);
   const testing::JobOutcome job = testing::run_rank_job(spec);
@@ -174,6 +180,62 @@ TEST(ZeroMultiprocMemory, EachStagePartitionsWhatItShould) {
 // exactly 1/4), updates it without any collective, and
 // after 6 steps it consolidates to the replicated EMA (moving_average over the gathered
 // parameters after every step) bit for bit; loading it from a full state dict round-trips.
+TEST(ZeroMultiprocMemory, StageTwoHoldsItsPartitionAndTwoBucketsNeverTheWholeGradient) {
+  // A wider model (width 384: 7.3M parameters, 29 MB of fp32 gradients) so that a full gradient
+  // buffer stands out in the resident set; 256K-element buckets (smaller than the largest
+  // parameters, whose .grad then waits for its second bucket).
+  constexpr int64_t kBucket = int64_t{1} << 18;
+  auto run_at = [&](int stage, bool overlap) {
+    dschat::Run run{stage, 4, 1, 2};
+    run.wide = 384;
+    run.bucket = kBucket;
+    run.rss_probe = true;
+    run.overlap_comm = overlap;
+    return train(run);
+  };
+  const json stage1 = run_at(1, false);
+  const json stage2 = run_at(2, false);
+  const json stage2_overlap = run_at(2, true);
+  ASSERT_TRUE(stage1.contains("losses") && stage2.contains("losses") && stage2_overlap.contains("losses"));
+  // The same training: stage 2 reduces every bucket where stage 1 reduces column rounds of the
+  // whole buffer, the same rank-ordered sums (gas 1), so the same bits; overlap changes nothing.
+  EXPECT_EQ(stage2["losses"], stage1["losses"]);
+  EXPECT_EQ(stage2["checksum"], stage1["checksum"]);
+  EXPECT_EQ(stage2_overlap["losses"], stage2["losses"]);
+  EXPECT_EQ(stage2_overlap["checksum"], stage2["checksum"]);
+  const double full_gradient = 4.0 * stage1["num_params"].get<double>();
+  for (int r = 0; r < 4; ++r) {
+    const json& one = stage1["per_rank"][r];
+    for (const json* two : {&stage2["per_rank"][r], &stage2_overlap["per_rank"][r]}) {
+      SCOPED_TRACE("rank " + std::to_string(r) + ": stage 1 " + one.dump() + "\nstage 2 " + two->dump());
+      // After backward: the rank's quarter of the gradients (stage 1: the whole flat buffer, reduced
+      // at the step).
+      EXPECT_NEAR((*two)["gradients_after_backward"].get<double>() / full_gradient, 0.25, 0.01);
+      EXPECT_NEAR(one["gradients_after_backward"].get<double>() / full_gradient, 1.0, 0.01);
+      // During backward: at most two buckets of staging beside the partition, and some.
+      const int64_t staging = (*two)["peak_staging_after_backward"].get<int64_t>();
+      EXPECT_GT(staging, 0);
+      EXPECT_LE(staging, 2 * kBucket * 4);
+      EXPECT_EQ(one["peak_staging_after_backward"].get<int64_t>(), 0);
+      // The process's peak resident set over a whole step: stage 1 holds its fp32 flat buffer
+      // and, at the end of backward, autograd's gradients of every parameter; stage 2 never
+      // holds either, so its peak is lower by over three quarters of the full gradient
+      // (measured: by 42 MB, 1.4 times it).
+      const double peak1 = one["rss_peak_in_probed_step"].get<double>();
+      const double peak2 = (*two)["rss_peak_in_probed_step"].get<double>();
+      EXPECT_GT(peak2, 0);
+      EXPECT_LT(peak2, peak1 - 0.75 * full_gradient);
+    }
+  }
+  std::cout << "peak RSS per rank over a step (MB), stage 1 / stage 2 / stage 2 + overlap_comm:";
+  for (int r = 0; r < 4; ++r) {
+    std::cout << " " << stage1["per_rank"][r]["rss_peak_in_probed_step"].get<double>() / 1e6 << "/"
+              << stage2["per_rank"][r]["rss_peak_in_probed_step"].get<double>() / 1e6 << "/"
+              << stage2_overlap["per_rank"][r]["rss_peak_in_probed_step"].get<double>() / 1e6;
+  }
+  std::cout << "; full fp32 gradient " << full_gradient / 1e6 << " MB\n";
+}
+
 TEST(ZeroMultiprocEma, PartitionedEmaAtStage3EqualsTheReplicatedEmaWithAQuarterOfTheBytes) {
   struct Run run{3, 4, 1, 6};
   run.ema = true;

@@ -77,6 +77,10 @@ struct MemoryFootprint {
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;
+  // Stage 2 on several ranks: the most fp32 bucket-staging bytes alive at once during the backward
+  // passes since the last step (at most 2 * reduce_bucket_size * 4 while every parameter fits
+  // in one bucket; not part of total(): nothing stays allocated after backward).
+  int64_t peak_staging_bytes = 0;
   int64_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
 };
 MemoryFootprint theoretical_footprint(int stage, int64_t num_params, int64_t param_bytes, int64_t world_size);
