@@ -207,7 +207,9 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
   }
   // Gradients on their way into the flat buffers: autograd's model-dtype .grad of every trainable
   // parameter where a backward does not reduce as it goes (stages 0-1 between boundaries), else one
-  // layer's worth; stage 2 fills its whole fp32 flat buffer before reduce-scattering it.
+  // layer's worth. Stage 2 on several ranks has no flat buffer: two fp32 buckets of staging (one
+  // filling, one reducing; one when a single bucket holds everything) and the all-to-all's receive buffer of the bucket in flight, world
+  // times its part in this rank's partition (DS-Chat's 5e8-element buckets).
   const int64_t trainable = trainable_parameters(specs);
   int64_t in_flight = 0;
   if (setup.zero_stage < 2 && gradient_accumulation_steps > 1) {
@@ -216,10 +218,11 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
     in_flight = std::min(trainable * s, std::max(layer_bytes(specs), outer_bytes(specs)));
   }
   if (setup.zero_stage == 2 && world > 1) {
-    // The whole fp32 flat buffer, every bucket's reduced part until the boundary (1/world of it),
-    // and on gloo the receive buffer of the bucket in flight (DS-Chat's 5e8-element buckets).
-    in_flight += trainable * 4 + trainable * 4 / world;
-    if (setup.cpu_ranks) in_flight += std::min<int64_t>(trainable, 500000000) * 4;
+    constexpr int64_t kReduceBucketElements = 500000000;
+    const int64_t bucket = std::min(trainable, kReduceBucketElements);
+    const int64_t owned_part = std::min(bucket, (trainable + world - 1) / world);
+    const int64_t staged_buckets = trainable > bucket ? 2 : 1;  // a single bucket has no successor filling
+    in_flight += staged_buckets * bucket * 4 + world * owned_part * 4;
   }
   if (setup.zero_stage == 3 && trainable > 0) {
     // Each group is reduced as its backward ends: its fp32 flat gradient buffer next to its
