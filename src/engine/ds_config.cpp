@@ -66,6 +66,11 @@ ZeroConfig parse_zero(JsonObject object, std::vector<std::string>& unacted) {
       object.get<bool>("stage3_gather_fp16_weights_on_model_save", zero.stage3_gather_16bit_weights_on_model_save));
   DSCHAT_CHECK(zero.reduce_bucket_size > 0 && zero.allgather_bucket_size > 0, ConfigError, object.where(),
                ": bucket sizes must be positive");
+  zero.zero_quantized_nontrainable_weights =
+      object.get<bool>("zero_quantized_nontrainable_weights", zero.zero_quantized_nontrainable_weights);
+  if (zero.zero_quantized_nontrainable_weights && zero.stage < 3) {
+    unacted.push_back("zero_optimization.zero_quantized_nontrainable_weights (stage < 3: nothing is partitioned)");
+  }
   if (auto offload = object.object("offload_param")) zero.offload_param = parse_offload(*offload, false, unacted);
   if (auto offload = object.object("offload_optimizer")) zero.offload_optimizer = parse_offload(*offload, true, unacted);
   // DeepSpeed ignores offload_param below stage 3, and DeepSpeed-Chat's --offload sets it at any
@@ -87,7 +92,7 @@ ZeroConfig parse_zero(JsonObject object, std::vector<std::string>& unacted) {
                   {"load_from_fp32_weights", "elastic_checkpoint", "use_multi_rank_bucket_allreduce",
                    "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
                    "ignore_unused_parameters", "zero_hpz_partition_size", "zero_quantized_weights",
-                   "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "mics_shard_size",
+                   "zero_quantized_gradients", "mics_shard_size",
                    "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
                    "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory"},
                   "zero_optimization.", unacted);

@@ -75,6 +75,11 @@ FlatParameterGroup::FlatParameterGroup(std::string label, std::vector<Member> me
       param_partition_.narrow(0, piece.range_offset, piece.numel)
           .copy_(value_of(piece.slot).narrow(0, piece.slot_offset, piece.numel));
     }
+    if (!trainable_ && context_.quantize_frozen && c10::isFloatingType(dtype_)) {
+      quantized_partition_ = quantize_groupwise(param_partition_);
+      param_partition_ = torch::Tensor();
+      quantized_ = true;
+    }
     bind_deferred_members();
     point_members_at_nothing();
   } else {
@@ -132,6 +137,25 @@ void FlatParameterGroup::begin_gather() {
   const int64_t world = owner_world();
   const int64_t part = layout_.partition_numel();
   pending_flat_ = torch::empty({layout_.padded_numel}, torch::dtype(dtype_).device(context_.model_device));
+  if (quantized_) {
+    // One all-gather of the int8 partitions and one of their scales; finish_gather dequantizes.
+    torch::Tensor values = quantized_partition_.values.to(context_.model_device, /*non_blocking=*/true);  // [groups * G]
+    torch::Tensor scales = quantized_partition_.scales.to(context_.model_device, /*non_blocking=*/true);  // [groups]
+    if (world == 1) {
+      pending_quantized_ = values.unsqueeze(0);
+      pending_scales_ = scales.unsqueeze(0);
+      return;
+    }
+    pending_quantized_ = torch::empty({world, values.numel()}, values.options());  // [world, groups * G]
+    pending_scales_ = torch::empty({world, scales.numel()}, scales.options());     // [world, groups]
+    for (auto [landing, source] : {std::pair{pending_quantized_, values}, std::pair{pending_scales_, scales}}) {
+      PendingBucket bucket;
+      bucket.source = source;  // kept alive until the collective completes; no landing: nothing to copy
+      bucket.work.emplace(context_.communicator->start_all_gather_into(landing, source));
+      pending_buckets_.push_back(std::move(bucket));
+    }
+    return;
+  }
   pending_source_ = param_partition_.to(context_.model_device, /*non_blocking=*/true);
   if (world == 1) {
     pending_flat_.copy_(pending_source_);
@@ -161,6 +185,10 @@ void FlatParameterGroup::finish_gather() {
     if (bucket.landing.defined()) rows.narrow(1, bucket.columns.begin, bucket.columns.size()).copy_(bucket.landing);
   }
   pending_buckets_.clear();
+  if (quantized_) {
+    rows.copy_(dequantize_rows(pending_quantized_, pending_scales_, part, dtype_));
+    pending_quantized_ = pending_scales_ = torch::Tensor();
+  }
   pending_source_ = torch::Tensor();
   flat_params_ = std::move(pending_flat_);
   pending_flat_ = torch::Tensor();
@@ -341,6 +369,7 @@ torch::Tensor FlatParameterGroup::owned_gradients() const {
 }
 
 torch::Tensor FlatParameterGroup::owned_values() const {
+  if (quantized_) return dequantize_groupwise(quantized_partition_, owned_range().size(), dtype_);
   if (partition_params_) return param_partition_;
   const ElementRange owned = owned_range();
   return flat_params_.narrow(0, owned.begin, owned.size());
@@ -381,6 +410,8 @@ void FlatParameterGroup::load_owned(const torch::Tensor& values) {
   torch::NoGradGuard no_grad;
   if (trainable_) {
     master_.copy_(values);
+  } else if (quantized_) {
+    quantized_partition_ = quantize_groupwise(values.to(context_.param_store_device, dtype_));
   } else {
     owned_values().copy_(values);
   }
@@ -388,7 +419,8 @@ void FlatParameterGroup::load_owned(const torch::Tensor& values) {
 
 MemoryFootprint FlatParameterGroup::footprint() const {
   MemoryFootprint bytes;
-  bytes.parameter_bytes = bytes_of(flat_params_) + bytes_of(pending_flat_) + bytes_of(param_partition_);
+  bytes.parameter_bytes = bytes_of(flat_params_) + bytes_of(pending_flat_) + bytes_of(param_partition_) +
+                         quantized_partition_.bytes() + bytes_of(pending_quantized_) + bytes_of(pending_scales_);
   bytes.gradient_bytes = bytes_of(flat_grad_) + bytes_of(grad_partition_) + host_gradients_.staged_bytes();
   for (const PendingReduction& pending : pending_reductions_) bytes.gradient_bytes += bytes_of(pending.staged);
   for (const Member& member : members_) bytes.gradient_bytes += bytes_of(member.param.grad());

@@ -25,6 +25,7 @@
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/zero_partition.h"
 #include "engine/host_transfers.h"
+#include "engine/quantized_weights.h"
 
 namespace dschat {
 namespace engine {
@@ -40,6 +41,9 @@ struct ZeroContext {
   bool offload_optimizer = false;                  // state_device is the host by offload_optimizer
   torch::Device param_store_device = torch::kCPU;  // stage 3's parameter partitions
   bool pin_memory = false;                         // CPU-side state of a CUDA model
+  // Stage 3: frozen partitioned groups keep their partitions as group-wise int8
+  // (zero_quantized_nontrainable_weights, engine/quantized_weights.h).
+  bool quantize_frozen = false;
   int64_t reduce_bucket_elements = 500000000;
   int64_t allgather_bucket_elements = 500000000;
 };
@@ -70,6 +74,8 @@ class FlatParameterGroup {
   const FlatLayout& layout() const { return layout_; }
   bool trainable() const { return trainable_; }
   bool partitioned() const { return partition_params_; }
+  /// A frozen partitioned group stored as int8 (ZeroContext::quantize_frozen).
+  bool quantized() const { return quantized_; }
   /// This rank's range of the flat buffer.
   ElementRange owned_range() const { return layout_.partition(owner_rank_); }
 
@@ -126,8 +132,8 @@ class FlatParameterGroup {
   void publish_master();
   void zero_gradients();
 
-  /// [owned] values in the model dtype: the partition of partitioned groups, else a view of the
-  /// flat buffer. For checkpoints of frozen groups.
+  /// [owned] values in the model dtype: the partition of partitioned groups (dequantized, a new
+  /// tensor, when quantized), else a view of the flat buffer. For checkpoints of frozen groups.
   torch::Tensor owned_values() const;
   /// Loads owned master values (trainable) or owned values (frozen) from `values` [owned].
   void load_owned(const torch::Tensor& values);
@@ -162,7 +168,11 @@ class FlatParameterGroup {
   int64_t owner_rank_ = 0;
   torch::ScalarType dtype_;
   torch::Tensor flat_params_;      // [padded] model dtype on the model device; undefined when released
-  torch::Tensor param_partition_;  // [owned] model dtype on the param store device (partitioned only)
+  torch::Tensor param_partition_;  // [owned] model dtype on the param store device (partitioned, not quantized)
+  bool quantized_ = false;
+  QuantizedValues quantized_partition_;  // the owned range as int8 groups on the param store device (quantized)
+  // A quantized gather in flight: [world, groups * G] int8 and [world, groups] fp32 landings.
+  torch::Tensor pending_quantized_, pending_scales_;
   torch::Tensor master_;           // [owned] fp32; a view of flat_params_/param_partition_ when they are fp32 on the state device
   torch::Tensor flat_grad_;        // [padded] fp32 on the model device, between backward and reduction
   torch::Tensor grad_partition_;   // [owned] fp32 on the state device (stages 1-3)

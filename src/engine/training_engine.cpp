@@ -29,6 +29,7 @@ ZeroContext make_context(const torch::nn::Module& module, const DeepSpeedConfig&
   context.param_store_device =
       zero.stage == 3 && zero.offload_param.enabled() ? torch::Device(torch::kCPU) : context.model_device;
   context.pin_memory = zero.offload_optimizer.pin_memory || zero.offload_param.pin_memory;
+  context.quantize_frozen = zero.stage == 3 && zero.zero_quantized_nontrainable_weights;
   // DeepSpeed's bucket sizes count elements.
   context.reduce_bucket_elements = zero.reduce_bucket_size;
   context.allgather_bucket_elements = zero.allgather_bucket_size;

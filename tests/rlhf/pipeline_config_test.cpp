@@ -283,7 +283,13 @@ TEST(PipelineConfig, StepThreeValidationRules) {
   EXPECT_THROW_WITH(ppo(z2), core::ConfigError, "unstable in DeepSpeed-Chat");
   z2["actor_lora_dim"] = 8;
   EXPECT_NO_THROW(ppo(z2));
-  EXPECT_THROW_WITH(ppo({{"enable_mixed_precision_lora", true}}), core::Unsupported, "enable_mixed_precision_lora");
+  // DeepSpeed-Chat's asserts for mixed-precision LoRA: actor LoRA and actor ZeRO-3.
+  EXPECT_THROW_WITH(ppo({{"enable_mixed_precision_lora", true}}), core::ConfigError,
+                    "enable_mixed_precision_lora needs actor_lora_dim > 0 and actor_zero_stage 3 (got 0 and");
+  EXPECT_THROW_WITH(ppo({{"enable_mixed_precision_lora", true}, {"actor_lora_dim", 8}, {"actor_zero_stage", 2}}),
+                    core::ConfigError, "(got 8 and 2)");
+  EXPECT_TRUE(ppo({{"enable_mixed_precision_lora", true}, {"actor_lora_dim", 8}, {"actor_zero_stage", 3}})
+                  .enable_mixed_precision_lora);
 }
 
 TEST(PipelineConfig, MergePatch) {

@@ -42,6 +42,9 @@ struct ZeroConfig {
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // ZeRO++: stage 3 keeps the partitions of frozen parameters as group-wise int8 and dequantizes
+  // them when gathering (engine/quantized_weights.h); DeepSpeed-Chat's enable_mixed_precision_lora.
+  bool zero_quantized_nontrainable_weights = false;
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer;
 };

@@ -157,8 +157,12 @@ PpoConfig parse_ppo_config(const nlohmann::json& json, const std::string& where,
                ": actor_zero_stage 2 + critic_zero_stage 2 + enable_hybrid_engine + offload with actor_lora_dim 0 "
                "is refused as in DeepSpeed-Chat (unstable in DeepSpeed-Chat); enable LoRA, change a ZeRO stage, "
                "or turn off offload or the hybrid engine");
-  DSCHAT_CHECK(!c.enable_mixed_precision_lora, Unsupported, where,
-               ": enable_mixed_precision_lora (ZeRO++ quantised non-trainable weights) is not supported by dschat");
+  // DeepSpeed-Chat's own asserts: the quantised weights are the frozen base under the actor's LoRA,
+  // partitioned by ZeRO-3.
+  DSCHAT_CHECK(!c.enable_mixed_precision_lora || (c.actor.lora_dim > 0 && c.actor.zero_stage == 3), ConfigError,
+               where, ": enable_mixed_precision_lora needs actor_lora_dim > 0 and actor_zero_stage 3 (got ",
+               c.actor.lora_dim, " and ", c.actor.zero_stage, "): it stores the frozen base weights under the "
+               "actor's LoRA as int8 ZeRO-3 partitions");
   return c;
 }
 

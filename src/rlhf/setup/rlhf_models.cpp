@@ -85,7 +85,8 @@ torch::Device parameter_device(const torch::nn::Module& module) {
 }
 
 RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_iters, int64_t actor_gas,
-                               const StepContext& context, bool with_reference, const std::string& where) {
+                               const StepContext& context, bool with_reference, const std::string& where,
+                               bool quantize_frozen_actor) {
   const int64_t world = context_world(context);
   RlhfModels models;
   models.placement = policy_placement(config, step_device(config.common, context, where),
@@ -120,11 +121,13 @@ RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_ite
   hybrid.prefix_caching = config.prefix_caching;
   hybrid::HybridEngineOptions actor_options;
   actor_options.lora_fuse_backup = config.lora_fuse_backup;
-  actor_options.training = training_engine_options(
-      config.common, config.actor,
-      train_ds_config(config.common, config.actor.zero_stage, config.per_device_training_batch_size, actor_gas, world,
-                      where + ": actor", &hybrid),
-      total_iters, context);
+  engine::DeepSpeedConfig actor_ds = train_ds_config(config.common, config.actor.zero_stage,
+                                                     config.per_device_training_batch_size, actor_gas, world,
+                                                     where + ": actor", &hybrid);
+  // DeepSpeed-Chat adds zero_quantized_nontrainable_weights to the actor's config alone.
+  actor_ds.zero.zero_quantized_nontrainable_weights = quantize_frozen_actor;
+  actor_options.training = training_engine_options(config.common, config.actor, std::move(actor_ds), total_iters,
+                                                   context);
   actor_options.training.deferred = std::move(actor_deferred);
   models.actor = std::make_unique<hybrid::HybridEngine>(actor, std::move(actor_options));
 
@@ -157,7 +160,8 @@ RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_ite
 RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64_t actor_gas,
                              const StepContext& context) {
   const std::string where = "step 3 (PPO)";
-  RlhfModels models = build_policy_models(config, total_iters, actor_gas, context, /*with_reference=*/true, where);
+  RlhfModels models = build_policy_models(config, total_iters, actor_gas, context, /*with_reference=*/true, where,
+                                          config.enable_mixed_precision_lora);
   models.placement = rlhf_placement(config, models.placement.trained.device, models.placement.trained.dtype);
   models::LoadOptions load;
   load.device = models.placement.trained.device;

@@ -253,8 +253,6 @@ PpoResult run_ppo_phases(const PpoConfig& config, const StepContext& context, Me
   const std::string& where = loop.settings().where;
   // Loading copies host tensors in: named, so the sync-debug test checks only the loop.
   std::optional<core::HostSync> setup_sync(std::in_place, "step setup (models, engines, data)");
-  DSCHAT_CHECK(!config.enable_mixed_precision_lora, Unsupported, where,
-               ": enable_mixed_precision_lora (ZeRO++ quantised weights) is not implemented");
   torch::manual_seed(config.common.seed);
 
   auto tokenizer = load_step_tokenizer(context, config.actor_model_name_or_path);

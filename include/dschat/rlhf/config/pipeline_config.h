@@ -226,7 +226,9 @@ struct PpoConfig : PolicyStepConfig {
   int64_t num_padding_at_beginning = 1;  // accepted for compatibility; step 3 does not use it
   int64_t generation_batches = 1;
   bool offload_reward_model = false;
-  bool enable_mixed_precision_lora = false;  // refused: core::Unsupported (no ZeRO++ quantisation)
+  // ZeRO++ zero_quantized_nontrainable_weights on the actor: its frozen base weights under LoRA
+  // stored as int8 ZeRO-3 partitions (needs actor_lora_dim > 0 and actor_zero_stage 3).
+  bool enable_mixed_precision_lora = false;
   bool align_overflow = false;
   bool enable_test_mode = false;
   int64_t test_stop_step = 0;

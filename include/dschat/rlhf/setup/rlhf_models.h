@@ -94,8 +94,11 @@ RlhfModels build_rlhf_models(const PpoConfig& config, int64_t total_iters, int64
 /// The policy side only: the actor's HybridEngine, the reference (with_reference) and the EMA
 /// (enable_ema), as build_rlhf_models builds them; critic and reward stay null. What the
 /// critic-free step trains (it reads config's actor, hybrid-engine, reference and EMA keys).
+/// `quantize_frozen_actor`: PPO's enable_mixed_precision_lora (zero_quantized_nontrainable_weights
+/// in the actor's ZeRO config).
 RlhfModels build_policy_models(const PolicyStepConfig& config, int64_t total_iters, int64_t actor_gas,
-                               const StepContext& context, bool with_reference, const std::string& where);
+                               const StepContext& context, bool with_reference, const std::string& where,
+                               bool quantize_frozen_actor = false);
 
 /// A frozen value-head model (a reward model) at `at`, as load_frozen_causal_lm.
 models::ValueHeadModel load_frozen_value_model(const std::string& path, const ModelPlacement& at,
