@@ -3,6 +3,7 @@
 #include <map>
 
 #include "dschat/core/error.h"
+#include "engine/quantized_weights.h"
 
 namespace dschat {
 namespace engine {
@@ -77,7 +78,12 @@ MemoryFootprint footprint_at_step(const std::vector<ParameterSpec>& params, cons
   for (const GroupSpec& group : grouping.groups) {
     const FlatLayout layout = group_layout(params, group, placement);
     const int64_t owned = layout.partition_numel();
-    bytes.parameter_bytes += (group.partitioned ? owned : layout.padded_numel) * element_bytes(group.dtype);
+    if (group.partitioned && !group.trainable && placement.quantize_frozen && c10::isFloatingType(group.dtype)) {
+      // int8 groups and one fp32 scale per group (engine/quantized_weights.h).
+      bytes.parameter_bytes += quant_groups(owned) * (kQuantGroupElements + 4);
+    } else {
+      bytes.parameter_bytes += (group.partitioned ? owned : layout.padded_numel) * element_bytes(group.dtype);
+    }
     if (!group.trainable) continue;
     // Gradients (fp32): one owner keeps the whole buffer; stage 1 keeps it and its partition.
     if (owners == 1) {

@@ -97,7 +97,7 @@ std::vector<engine::ParameterSpec> parameter_specs(const ModelSetup& setup) {
 engine::MemoryFootprint zero_footprint(const ModelSetup& setup, const std::vector<engine::ParameterSpec>& specs,
                                        int64_t world, int64_t rank) {
   const engine::ZeroGrouping grouping = engine::group_parameters(specs, setup.zero_stage, setup.persistence_threshold);
-  return engine::footprint_at_step(specs, grouping, {setup.zero_stage, world, rank});
+  return engine::footprint_at_step(specs, grouping, {setup.zero_stage, world, rank, setup.quantize_frozen});
 }
 
 int64_t model_bytes(const std::vector<engine::ParameterSpec>& specs) {
@@ -147,7 +147,8 @@ std::vector<MemoryItem> resident_state(const ModelSetup& setup, const std::vecto
                                        int64_t world, int64_t rank) {
   const int stage = setup.zero_stage;
   const engine::ZeroGrouping grouping = engine::group_parameters(specs, stage, setup.persistence_threshold);
-  const engine::MemoryFootprint bytes = engine::footprint_at_step(specs, grouping, {stage, world, rank});
+  const engine::MemoryFootprint bytes =
+      engine::footprint_at_step(specs, grouping, {stage, world, rank, setup.quantize_frozen});
   std::vector<MemoryItem> items;
   const std::string& m = setup.role;
   // Stage-3 offload keeps the partitions on the host, the persistent (replicated) groups on the device.

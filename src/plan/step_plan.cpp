@@ -217,7 +217,9 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
   const core::ModelConfig actor_shape = shape_of({p.actor_model_name_or_path, c.step1.model_name_or_path}, "step3");
   const core::ModelConfig critic_shape = shape_of(
       {p.critic_model_name_or_path, c.step2.model_name_or_path, c.reward_model, c.step1.model_name_or_path}, "step3");
-  const PlannedModel& actor = b.add(trained_setup("actor", actor_shape, false, p.common, p.actor));
+  ModelSetup actor_setup = trained_setup("actor", actor_shape, false, p.common, p.actor);
+  actor_setup.quantize_frozen = p.enable_mixed_precision_lora && p.actor.zero_stage == 3;
+  const PlannedModel& actor = b.add(actor_setup);
   const torch::ScalarType dtype = actor.setup.dtype;
   const PlannedModel& reference =
       b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));

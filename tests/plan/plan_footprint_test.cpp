@@ -18,6 +18,7 @@ namespace {
 struct FootprintCase {
   int stage;
   int64_t lora_dim;
+  bool quantize_frozen = false;  // enable_mixed_precision_lora: frozen partitions as int8
 };
 
 class PlanFootprint : public ::testing::TestWithParam<FootprintCase> {};
@@ -40,7 +41,11 @@ TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
   models::CausalLM model = models::load_causal_lm(model_dir, load);
   rlhf::apply_lora(*model, training, common.only_optimize_lora);
   model->train();
-  auto engine = rlhf::make_training_engine(model.ptr(), common, training, 2, 2, context, "test", std::move(deferred));
+  engine::DeepSpeedConfig ds = rlhf::train_ds_config(common, c.stage, 2, 2, 1, "test");
+  ds.zero.zero_quantized_nontrainable_weights = c.quantize_frozen;
+  engine::TrainingEngineOptions options = rlhf::training_engine_options(common, training, ds, 2, context);
+  options.deferred = std::move(deferred);
+  auto engine = std::make_unique<engine::TrainingEngine>(model.ptr(), std::move(options));
   engine::MemoryFootprint measured;
   for (int micro = 0; micro < 4; ++micro) {
     const torch::Tensor ids = torch::randint(model->config().vocab_size, {2, 8}, torch::kLong);  // [B, T]
@@ -54,22 +59,29 @@ TEST_P(PlanFootprint, EqualsTheEnginesAtTheOptimizerStep) {
     engine->step();
   }
 
-  const plan::ModelSetup setup = testing::trained_fp32_setup(model->config(), c.stage, c.lora_dim);
+  plan::ModelSetup setup = testing::trained_fp32_setup(model->config(), c.stage, c.lora_dim);
+  setup.quantize_frozen = c.quantize_frozen;
   const std::vector<engine::ParameterSpec> specs = plan::parameter_specs(setup);
   const engine::MemoryFootprint planned = plan::zero_footprint(setup, specs, /*world=*/1, /*rank=*/0);
   EXPECT_EQ(planned.parameter_bytes, measured.parameter_bytes);
   EXPECT_EQ(planned.gradient_bytes, measured.gradient_bytes);
   EXPECT_EQ(planned.optimizer_bytes, measured.optimizer_bytes);
+  if (c.quantize_frozen) {  // and the int8 base really is smaller: under half the fp32 parameter bytes
+    setup.quantize_frozen = false;
+    EXPECT_LT(measured.parameter_bytes * 2, plan::zero_footprint(setup, specs, 1, 0).parameter_bytes);
+  }
   // The LoRA case really freezes the base: far fewer trainable parameters than parameters.
   if (c.lora_dim > 0) EXPECT_LT(plan::trainable_parameters(specs) * 10, plan::total_parameters(specs));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, PlanFootprint,
                          ::testing::Values(FootprintCase{0, 0}, FootprintCase{1, 0}, FootprintCase{2, 0},
-                                           FootprintCase{3, 0}, FootprintCase{0, 8}, FootprintCase{3, 8}),
+                                           FootprintCase{3, 0}, FootprintCase{0, 8}, FootprintCase{3, 8},
+                                           FootprintCase{3, 8, true}),
                          [](const auto& info) {
                            return "Stage" + std::to_string(info.param.stage) +
-                                  (info.param.lora_dim > 0 ? "Lora" : "Full");
+                                  (info.param.lora_dim > 0 ? "Lora" : "Full") +
+                                  (info.param.quantize_frozen ? "Int8Frozen" : "");
                          });
 
 TEST(PlanFootprint, GroupingMatchesTheEnginesRules) {

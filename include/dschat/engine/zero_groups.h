@@ -53,6 +53,7 @@ struct ZeroPlacement {
   int stage = 0;
   int64_t world_size = 1;
   int64_t rank = 0;
+  bool quantize_frozen = false;  // stage 3's zero_quantized_nontrainable_weights: frozen partitions as int8
 };
 
 /// The ranks that own a group's flat buffer: 1 at stage 0 (everyone owns everything), the world

@@ -28,6 +28,8 @@ struct ModelSetup {
   /// stage 3: parameters on the host (offload_reference_model / offload_reward_model).
   bool offload = false;
   int64_t lora_dim = 0;  // trained models and the actor's EMA copy (frozen, shaped like the actor)
+  /// Trained at stage 3: frozen partitions as group-wise int8 (enable_mixed_precision_lora).
+  bool quantize_frozen = false;
   std::string lora_module_name = "decoder.layers.";
   bool only_optimize_lora = false;
   bool gradient_checkpointing = false;
