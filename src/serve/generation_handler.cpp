@@ -64,7 +64,7 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
   return prompts;
 }
 
-std::string sse(const json& event) { return "data: " + event.dump() + "\n\n"; }
+std::string sse(const json& event) { return "data: " + wire_json(event) + "\n\n"; }
 
 // The generation failed or the server stops: the status to answer with.
 ApiError generation_error(const Server::State& state, const std::string& message) {
@@ -92,7 +92,7 @@ void answer_whole(Server::State& state, const httplib::Request& http, httplib::R
   }
   const json body = full_response(api.endpoint, new_response_id(api.endpoint), unix_now(), api.model, choices,
                                   request->prompt_tokens(), request->completion_tokens());
-  response.set_content(body.dump(), "application/json");
+  response.set_content(wire_json(body), "application/json");
 }
 
 // The stream's state between calls of httplib's chunked content provider.

@@ -2,6 +2,7 @@
 // /v1/models. Generation requests go to generation_handler.cpp.
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <set>
@@ -31,6 +32,57 @@ bool same_key(const std::string& given, const std::string& expected) {
     difference |= static_cast<unsigned char>(given[i] ^ expected[i % std::max<size_t>(expected.size(), 1)]);
   }
   return difference == 0;
+}
+
+std::string lowercase(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// The name in a Host header, lowercased, without its port: "Example.com:8000" -> "example.com",
+// "[::1]:8000" -> "::1".
+std::string host_name(const std::string& header) {
+  std::string name = lowercase(header);
+  if (!name.empty() && name.front() == '[') {
+    const size_t close = name.find(']');
+    return close == std::string::npos ? name : name.substr(1, close - 1);
+  }
+  const size_t colon = name.find(':');
+  if (colon != std::string::npos && name.find(':', colon + 1) == std::string::npos) name.resize(colon);
+  return name;
+}
+
+bool is_ip_literal(const std::string& name) {
+  if (name.find(':') != std::string::npos) return true;  // IPv6
+  return !name.empty() && name.find_first_not_of("0123456789.") == std::string::npos;
+}
+
+bool is_loopback(const std::string& name) {
+  return name == "localhost" || name == "::1" || name.rfind("127.", 0) == 0;
+}
+
+// DNS rebinding: a page on attacker.example whose name later resolves to this address sends
+// "Host: attacker.example". Browsers always send Host; a request without one is not a page's.
+bool host_allowed(const std::string& header, const ServerOptions& options) {
+  if (header.empty()) return true;
+  const std::string name = host_name(header);
+  for (const std::string& allowed : options.allowed_hosts) {
+    if (allowed == "*" || lowercase(allowed) == name) return true;
+  }
+  const std::string bound = lowercase(options.host);
+  if (name == bound) return true;
+  if (is_loopback(bound)) return is_loopback(name);
+  if (bound.empty() || bound == "0.0.0.0" || bound == "::") return is_ip_literal(name) || is_loopback(name);
+  return false;
+}
+
+// Cross-site requests a browser sends without a pre-flight (text/plain, forms) must not reach a
+// handler: the API takes JSON only.
+bool json_content_type(const std::string& header) {
+  std::string type = lowercase(header.substr(0, header.find(';')));
+  type.erase(type.find_last_not_of(" \t") + 1);
+  type.erase(0, type.find_first_not_of(" \t"));
+  return type == "application/json";
 }
 
 json counters_json(const SchedulerCounters& c) {
@@ -105,7 +157,7 @@ ModelSlot* Server::State::find(const std::string& name) {
 
 void send_error(httplib::Response& response, const ApiError& error) {
   response.status = error.status;
-  response.set_content(error_body(error).dump(), "application/json");
+  response.set_content(wire_json(error_body(error)), "application/json");
 }
 
 Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(std::make_unique<State>()) {
@@ -150,8 +202,22 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(state.options.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    const std::string& key = state_->options.api_key;
-    if (key.empty() || request.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const ServerOptions& options = state_->options;
+    if (!host_allowed(request.get_header_value("Host"), options)) {
+      send_error(response, ApiError(403, "the Host header '" + request.get_header_value("Host") +
+                                             "' is not this server's; start it with --allowed-hosts NAME to accept it",
+                                    "", "host_not_allowed"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool api = request.path.rfind("/v1/", 0) == 0;
+    if (api && request.method == "POST" && !json_content_type(request.get_header_value("Content-Type"))) {
+      send_error(response, ApiError(415, "Content-Type must be application/json, got '" +
+                                             request.get_header_value("Content-Type") + "'",
+                                    "", "unsupported_media_type"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const std::string& key = options.api_key;
+    if (key.empty() || !api) return httplib::Server::HandlerResponse::Unhandled;
     const std::string header = request.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (header.rfind(prefix, 0) == 0 && same_key(header.substr(prefix.size()), key)) {
@@ -168,24 +234,28 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
     send_error(response, error_for_status(request, response.status, state_->options.max_body_bytes));
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
-    std::string message = "internal error";
+  http.set_exception_handler([](const httplib::Request& request, httplib::Response& response,
+                                 std::exception_ptr error) {
+    // A fault of ours: logged in full, answered without a library's text.
+    std::string what = "unknown exception";
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      message = std::string("internal error: ") + e.what();
+      what = e.what();
     } catch (...) {
     }
-    send_error(response, ApiError(500, message, "", "", "server_error"));
+    core::log_error("serve: ", request.method, " ", request.path, " failed: ", what);
+    send_error(response, ApiError(500, "internal server error (the server's log has the details)", "", "",
+                                  "server_error"));
   });
   http.Get("/", [](const httplib::Request&, httplib::Response& response) {
     response.set_content(web_page(), "text/html; charset=utf-8");
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(health(*state_).dump(), "application/json");
+    response.set_content(wire_json(health(*state_)), "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(model_list(*state_).dump(), "application/json");
+    response.set_content(wire_json(model_list(*state_)), "application/json");
   });
   http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
     handle_generation(*state_, request, response, Endpoint::kCompletions);

@@ -192,12 +192,21 @@ json error_body(const ApiError& error) {
   return json{{"error", body}};
 }
 
+std::string wire_json(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t default_max_tokens) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  } catch (const json::parse_error& e) {  // the parser also refuses text that is not UTF-8
+    const bool utf8 = std::string(e.what()).find("UTF-8") != std::string::npos;
+    throw ApiError(400, std::string("the request body is not valid JSON (") +
+                            (utf8 ? "text that is not UTF-8" : "a syntax error") + " at byte " +
+                            std::to_string(e.byte) + ")");
+  } catch (const json::out_of_range&) {  // 1e400: nlohmann's "number overflow"
+    throw ApiError(400, "the request body holds a number outside the range of a double");
+  } catch (const json::exception&) {
+    throw ApiError(400, "the request body is not valid JSON");
   }
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_name(body));
   const auto& known = known_keys(endpoint);

@@ -26,6 +26,11 @@ class ApiError : public std::runtime_error {
 
 nlohmann::json error_body(const ApiError& error);
 
+/// JSON text for the wire: bytes that are not UTF-8 (a prompt's raw bytes echoed, a byte-level
+/// token decoded alone) become U+FFFD, as Hugging Face decodes with errors="replace", instead of
+/// nlohmann's type_error.316.
+std::string wire_json(const nlohmann::json& value);
+
 enum class Endpoint { kCompletions, kChat };
 
 struct ApiRequest {

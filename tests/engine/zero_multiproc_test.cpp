@@ -233,7 +233,12 @@ TEST(ZeroMultiprocMemory, StageTwoHoldsItsPartitionAndTwoBucketsNeverTheWholeGra
               << stage2["per_rank"][r]["rss_peak_in_probed_step"].get<double>() / 1e6 << "/"
               << stage2_overlap["per_rank"][r]["rss_peak_in_probed_step"].get<double>() / 1e6;
   }
-  std::cout << "; full fp32 gradient " << full_gradient / 1e6 << " MB\n";
+  std::cout << "; full fp32 gradient " << full_gradient / 1e6 << " MB; peak staging (bytes) without / with overlap_comm:";
+  for (int r = 0; r < 4; ++r) {
+    std::cout << " " << stage2["per_rank"][r]["peak_staging_after_backward"].get<int64_t>() << "/"
+              << stage2_overlap["per_rank"][r]["peak_staging_after_backward"].get<int64_t>();
+  }
+  std::cout << "\n";
 }
 
 TEST(ZeroMultiprocEma, PartitionedEmaAtStage3EqualsTheReplicatedEmaWithAQuarterOfTheBytes) {

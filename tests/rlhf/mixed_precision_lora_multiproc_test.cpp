@@ -38,7 +38,7 @@ json step3_variant(const fs::path& trained, const fs::path& out, bool mixed_prec
             {"per_device_training_batch_size", 4},
             {"enable_test_mode", true},
             {"test_stop_step", 2},
-            {"enable_ema", false},
+            {"enable_ema", true},  // partitioned at ZeRO-3, over the int8 groups' dequantized values
             {"guardian", {{"enabled", false}}},
             {"enable_mixed_precision_lora", mixed_precision}}}};
 }

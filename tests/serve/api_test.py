@@ -1,6 +1,7 @@
 """`dschat serve` through the official `openai` Python client (and raw HTTP where the client would
 hide what is checked): completions, chat, streaming, n, seeds, stop sequences, usage, errors, the
-API key, batching, a reader that never reads, and a disconnect that cancels.
+API key, cross-site requests (Content-Type, Host), malformed bytes and numbers, batching, a reader
+that never reads, and a disconnect that cancels.
 
 Run: .venv/bin/python tests/serve/api_test.py   (ctest: serve_api). The served model is the
 bundled tiny random OPT: its text is gibberish, which is all a protocol test needs; greedy answers
@@ -48,6 +49,17 @@ def raw_post(url, path, body, headers=None):
     payload = response.read()
     connection.close()
     return response.status, json.loads(payload)
+
+
+def raw_get_status(url, path, headers=None):
+    """The status of a GET with the given headers (a "Host" among them replaces http.client's)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("GET", path, headers=headers or {})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status
 
 
 class ServeApiTest(unittest.TestCase):
@@ -198,11 +210,54 @@ class ServeApiTest(unittest.TestCase):
         self.assertEqual((status, body["error"]["code"]), (413, "request_too_large"))
         self.assertIsNone(self.server.process.poll())  # still serving
 
+    def test_cross_site_requests_are_refused(self):
+        """A page on another site can POST text/plain or a form without a CORS pre-flight, and a
+        DNS-rebinding page sends its own name as Host: neither reaches a handler."""
+        body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2})
+        for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""]:
+            with self.subTest(content_type=content_type):
+                status, answer = raw_post(self.server.url, "/v1/completions", body, {"Content-Type": content_type})
+                self.assertEqual((status, answer["error"]["code"]), (415, "unsupported_media_type"))
+        status, _ = raw_post(self.server.url, "/v1/completions", body, {"Content-Type": "application/json; charset=utf-8"})
+        self.assertEqual(status, 200)
+        port = self.server.url.rsplit(":", 1)[1]
+        for host in ["attacker.example", f"attacker.example:{port}", "10.1.2.3"]:
+            with self.subTest(host=host):
+                status, answer = raw_post(self.server.url, "/v1/completions", body, {"Host": host})
+                self.assertEqual((status, answer["error"]["code"]), (403, "host_not_allowed"))
+                status = raw_get_status(self.server.url, "/health", {"Host": host})
+                self.assertEqual(status, 403)
+        for host in [f"localhost:{port}", f"127.0.0.1:{port}", "localhost"]:
+            with self.subTest(host=host):
+                self.assertEqual(raw_get_status(self.server.url, "/health", {"Host": host}), 200)
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=["--allowed-hosts", "chat.example,Other.example"]) as server:
+            self.assertEqual(raw_get_status(server.url, "/health", {"Host": "chat.example"}), 200)
+            self.assertEqual(raw_get_status(server.url, "/health", {"Host": "other.example:80"}), 200)
+            self.assertEqual(raw_get_status(server.url, "/health", {"Host": "third.example"}), 403)
+
+    def test_malformed_text_and_numbers_are_client_errors(self):
+        """Raw non-UTF-8 bytes and numbers a double cannot hold are the client's fault: a 400 with
+        our own words, never a 500 with the JSON library's exception text."""
+        cases = [
+            b'{"model": "tiny", "prompt": "caf\xe9 \xff", "max_tokens": 2}',
+            b'{"model": "tin\xffy", "prompt": "x", "max_tokens": 2}',
+            b'{"model": "tiny", "prompt": "x", "stop": ["\xc3"], "max_tokens": 2}',
+            b'{"model": "tiny", "prompt": "x", "temperature": 1e400}',
+            b'{"model": "tiny", "prompt": "x", "max_tokens": 18446744073709551616}',
+        ]
+        for raw in cases:
+            with self.subTest(raw=raw):
+                status, answer = raw_post(self.server.url, "/v1/completions", raw)
+                self.assertEqual(status, 400, answer)
+                self.assertEqual(answer["error"]["type"], "invalid_request_error")
+                self.assertNotIn("json.exception", answer["error"]["message"])
+        self.assertIsNone(self.server.process.poll())  # still serving
+
     def test_a_reader_that_never_reads_blocks_nobody(self):
         host, port = self.server.url.removeprefix("http://").split(":")
         stalled = socket.create_connection((host, int(port)))
         body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "stream": True}).encode()
-        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         try:
             started = time.monotonic()
@@ -218,7 +273,7 @@ class ServeApiTest(unittest.TestCase):
         body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 250, "temperature": 0.8,
                            "top_k": 50}).encode()
         client = socket.create_connection((host, int(port)))
-        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         # Close once the generation runs (a fixed wait raced a loaded machine, where the request
         # was not yet running when the client left; that case is issue 42's, not this test's).

@@ -133,6 +133,28 @@ TEST(OpenAiProtocol, ParsesAndNamesTheBadKey) {
   EXPECT_THROW(parse_api_request(R"({"model": "m"})", Endpoint::kChat, 16), ApiError);  // no messages
 }
 
+TEST(OpenAiProtocol, RawBytesAndHugeNumbersAreClientErrorsInOurOwnWords) {
+  const std::vector<std::pair<std::string, std::string>> bad = {  // body, what the message says
+      {"{\"model\": \"m\", \"prompt\": \"caf\xe9\"}", "text that is not UTF-8 at byte"},
+      {"{\"model\": \"m\xff\", \"prompt\": \"x\"}", "text that is not UTF-8 at byte"},
+      {"{\"model\": \"m\", \"prompt\": \"x\", \"stop\": [\"\xc3\"]}", "text that is not UTF-8 at byte"},
+      {R"({"model": "m", "prompt": "x", "temperature": 1e400})", "outside the range of a double"},
+      {R"({"model": "m", "prompt": "x")", "a syntax error at byte"},
+  };
+  for (const auto& [body, says] : bad) {
+    try {
+      parse_api_request(body, Endpoint::kCompletions, 16);
+      ADD_FAILURE() << body << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+    }
+  }
+  // What goes out is UTF-8 whatever the text holds: a lone byte becomes U+FFFD.
+  EXPECT_EQ(wire_json(nlohmann::json{{"text", std::string("a\xff")}}), "{\"text\":\"a\xef\xbf\xbd\"}");
+}
+
 models::CausalLM tiny_model() { return models::load_causal_lm((testing::source_dir() / "assets" / "tiny-opt").string()); }
 
 TEST(BatchScheduler, FullQueueRefusesAndStopFailsTheWaiting) {

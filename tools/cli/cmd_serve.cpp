@@ -99,6 +99,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->server.host, "Address to listen on (0.0.0.0: every interface)")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on /v1 (or set DSCHAT_API_KEY)");
+  cmd->add_option("--allowed-hosts", o->server.allowed_hosts,
+                  "Host header names to accept besides the bound address (comma-separated; '*': any). Others get 403")
+      ->delimiter(',');
   add_device_flag(*cmd, o->device);
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--max-out-tokens", o->server.max_out_tokens, "Prompt + answer tokens per row (the KV workspace)")

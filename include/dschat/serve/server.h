@@ -43,6 +43,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                       // 0: any free port
   std::string api_key;                   // empty: no key needed
+  // Host header names accepted besides the bound address (and, on a loopback bind, localhost,
+  // 127.0.0.1 and ::1; on a wildcard bind, any IP address): a web page that rebinds its own
+  // name to this address is refused (403). "*" accepts every Host.
+  std::vector<std::string> allowed_hosts;
   size_t max_body_bytes = 1 << 20;
   int64_t default_max_tokens = 16;       // OpenAI's completions default
   int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
