@@ -9,7 +9,12 @@
 //
 // Replicated groups keep the flat buffer materialised (stages 0-2, and stage 3's persistent
 // small parameters). Partitioned groups (stage 3) keep only their owned range in
-// param_partition_ and materialise the flat buffer between gather() and release().
+// param_partition_ and materialise the flat buffer between gather() and release(); frozen ones
+// with ZeroContext::quantize_frozen keep it as int8 groups instead and dequantize when gathering.
+//
+// Gradients (flat_group_gradients.cpp): stages 0-1 and one-rank worlds add them into an fp32 flat
+// buffer; stage 2 on several ranks never has one: the bucket reducer (bucket_reducer.h) stages a
+// bucket at a time and reduce-scatters it into the owned fp32 partition.
 //
 // ZeRO-Offload on a CUDA model (state on the host): reduced gradients travel to the host partition
 // through HostGradientQueue (pinned staging, a side stream; added in order when complete), and
