@@ -119,61 +119,67 @@ void answer_streamed(Server::State& state, const httplib::Request& http, httplib
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");  // proxies: pass events on as they come
   const Server::State* server = &state;
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [stream, server](size_t, httplib::DataSink& sink) {
-        GenerationRequest& generation = *stream->request;
-        const auto write = [&](const std::string& text) {
-          if (sink.write(text.data(), text.size())) return true;
-          generation.cancel();  // the client went away mid-answer
-          return false;
-        };
-        if (!stream->opened) {  // chat: every choice opens with its role, as OpenAI's streams do
-          stream->opened = true;
-          if (stream->endpoint == Endpoint::kChat) {
-            for (int64_t i = 0; i < generation.rows(); ++i) {
-              if (!write(sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, i, "", "", true)))) {
-                return false;
-              }
-            }
-          }
-        }
-        std::vector<ChoiceEvent> events;
-        const bool done = generation.wait(events, kPollInterval);
-        for (const auto& event : events) {
-          const auto chunk = [&](const std::string& text, const std::string& reason) {
-            return sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, event.index, text,
-                                    reason, false));
-          };
-          if (stream->endpoint == Endpoint::kChat) {
-            if (!event.text.empty() && !write(chunk(event.text, ""))) return false;
-            if (!event.finish_reason.empty() && !write(chunk("", event.finish_reason))) return false;
-          } else if (!write(chunk(event.text, event.finish_reason))) {
+  httplib::ContentProviderWithoutLength provider = [stream, server](size_t, httplib::DataSink& sink) {
+    GenerationRequest& generation = *stream->request;
+    const auto write = [&](const std::string& text) {
+      if (sink.write(text.data(), text.size())) return true;
+      generation.cancel();  // the client went away mid-answer
+      return false;
+    };
+    if (!stream->opened) {  // chat: every choice opens with its role, as OpenAI's streams do
+      stream->opened = true;
+      if (stream->endpoint == Endpoint::kChat) {
+        for (int64_t i = 0; i < generation.rows(); ++i) {
+          if (!write(sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, i, "", "", true)))) {
             return false;
           }
         }
-        if (!done) {
-          if (events.empty() && peer_closed(stream->socket)) {
-            generation.cancel();
-            return false;
-          }
-          return true;  // called again
-        }
-        if (!generation.error().empty()) {
-          if (!write(sse(error_body(generation_error(*server, generation.error()))))) return false;
-        } else if (stream->include_usage) {
-          if (!write(sse(usage_chunk(stream->endpoint, stream->id, stream->created, stream->model,
-                                     generation.prompt_tokens(), generation.completion_tokens())))) {
-            return false;
-          }
-        }
-        if (!write("data: [DONE]\n\n")) return false;
-        sink.done();
-        return true;
-      },
-      [stream](bool success) {
-        if (!success) stream->request->cancel();
-      });
+      }
+    }
+    std::vector<ChoiceEvent> events;
+    const bool done = generation.wait(events, kPollInterval);
+    for (const auto& event : events) {
+      const auto chunk = [&](const std::string& text, const std::string& reason) {
+        return sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, event.index, text,
+                                reason, false));
+      };
+      if (stream->endpoint == Endpoint::kChat) {
+        if (!event.text.empty() && !write(chunk(event.text, ""))) return false;
+        if (!event.finish_reason.empty() && !write(chunk("", event.finish_reason))) return false;
+      } else if (!write(chunk(event.text, event.finish_reason))) {
+        return false;
+      }
+    }
+    if (!done) {
+      if (events.empty() && peer_closed(stream->socket)) {
+        generation.cancel();
+        return false;
+      }
+      return true;  // called again
+    }
+    if (!generation.error().empty()) {
+      if (!write(sse(error_body(generation_error(*server, generation.error()))))) return false;
+    } else if (stream->include_usage) {
+      if (!write(sse(usage_chunk(stream->endpoint, stream->id, stream->created, stream->model,
+                                 generation.prompt_tokens(), generation.completion_tokens())))) {
+        return false;
+      }
+    }
+    if (!write("data: [DONE]\n\n")) return false;
+    sink.done();
+    return true;
+  };
+  const auto released = [stream](bool success) {
+    if (!success) stream->request->cancel();
+  };
+  if (http.version == "HTTP/1.0") {
+    // HTTP/1.0 has no chunked encoding: the events go out as they come and closing the
+    // connection ends the body.
+    response.set_header("Connection", "close");
+    response.set_content_provider("text/event-stream", std::move(provider), released);
+  } else {
+    response.set_chunked_content_provider("text/event-stream", std::move(provider), released);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """`dschat serve` through the official `openai` Python client (and raw HTTP where the client would
 hide what is checked): completions, chat, streaming, n, seeds, stop sequences, usage, errors, the
-API key, cross-site requests (Content-Type, Host), malformed bytes and numbers, batching, a reader
-that never reads, and a disconnect that cancels.
+API key, cross-site requests (Content-Type, Host), malformed bytes and numbers, an HTTP/1.0 stream,
+batching, a reader that never reads, and a disconnect that cancels.
 
 Run: .venv/bin/python tests/serve/api_test.py   (ctest: serve_api). The served model is the
 bundled tiny random OPT: its text is gibberish, which is all a protocol test needs; greedy answers
@@ -252,6 +252,29 @@ class ServeApiTest(unittest.TestCase):
                 self.assertEqual(answer["error"]["type"], "invalid_request_error")
                 self.assertNotIn("json.exception", answer["error"]["message"])
         self.assertIsNone(self.server.process.poll())  # still serving
+
+    def test_an_http10_stream_is_not_chunked(self):
+        """HTTP/1.0 has no chunked encoding: the events come unframed and the server closes the
+        connection after [DONE]; what they carry is the whole answer."""
+        host, port = self.server.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+                           "stream": True}).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            raw = b""
+            while chunk := connection.recv(65536):  # until the server closes
+                raw += chunk
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        headers = head.decode().lower()
+        self.assertIn(" 200 ", headers.splitlines()[0])
+        self.assertNotIn("transfer-encoding", headers)
+        self.assertIn("connection: close", headers)
+        events = [line[len("data: "):] for line in payload.decode().split("\n\n") if line.startswith("data: ")]
+        self.assertEqual(events[-1], "[DONE]")
+        text = "".join(json.loads(event)["choices"][0]["text"] for event in events[:-1])
+        whole = self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0)
+        self.assertEqual(text, whole.choices[0].text)
 
     def test_a_reader_that_never_reads_blocks_nobody(self):
         host, port = self.server.url.removeprefix("http://").split(":")
