@@ -77,6 +77,11 @@ void BucketGradientReducer::arm() {
     // The previous armed backward threw half way: wait for what it started. Its other gradients
     // are lost, as a failed backward's partial .grad would be without this reducer.
     for (FlatParameterGroup* group : groups_) group->finish_gradient_reductions();
+    if (options_.staged) {  // gradients that waited for their bucket: dropped, as the flat buffer is
+      for (FlatParameterGroup* group : groups_) {
+        for (size_t m = 0; m < group->members().size(); ++m) group->drop_gradient(m);
+      }
+    }
   }
   waiting_.assign(groups_.size(), {});
   reported_.assign(groups_.size(), {});
