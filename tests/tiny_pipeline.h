@@ -65,6 +65,25 @@ inline std::filesystem::path write_tiny_pipeline_config(const std::filesystem::p
   return file;
 }
 
+/// A config whose step 3 (PPO) starts from steps 1 and 2's outputs in `trained` (actor, reward)
+/// and writes to `out`: both models at ZeRO-3, batches of 4, test mode stopping after 2 steps, the
+/// EMA on, the guardian off; `step3_extra` is merged over the step3 block.
+inline nlohmann::json zero3_step3_config(const std::filesystem::path& trained, const std::filesystem::path& out,
+                                         const nlohmann::json& step3_extra) {
+  nlohmann::json step3 = {{"actor_model_name_or_path", (trained / "actor").string()},
+                          {"critic_model_name_or_path", (trained / "reward").string()},
+                          {"actor_zero_stage", 3},
+                          {"critic_zero_stage", 3},
+                          {"per_device_generation_batch_size", 4},
+                          {"per_device_training_batch_size", 4},
+                          {"enable_test_mode", true},
+                          {"test_stop_step", 2},
+                          {"enable_ema", true},
+                          {"guardian", {{"enabled", false}}}};
+  step3.merge_patch(step3_extra);
+  return {{"output_dir", out.string()}, {"step3", step3}};
+}
+
 /// `dschat launch` of two local ranks on a free port, ready for the dschat subcommand to append.
 /// Never the default port 29500: ctest runs the multi-process shards side by side, and two jobs
 /// on one port fail with EADDRINUSE.

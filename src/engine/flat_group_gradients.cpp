@@ -28,7 +28,7 @@ void FlatParameterGroup::add_gradient_to(size_t member, const ElementRange& rang
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
   const FlatSlot& slot = layout_.slots[member];
-  const ElementRange common = intersect(range, {slot.offset, slot.offset + slot.numel});
+  const ElementRange common = intersect(range, slot.range());
   if (common.size() == 0) return;
   staging.narrow(0, common.begin - range.begin, common.size())
       .add_(grad.reshape({-1}).narrow(0, common.begin - slot.offset, common.size()));
@@ -40,7 +40,7 @@ void FlatParameterGroup::zero_gradient_part(size_t member, const ElementRange& r
   torch::NoGradGuard no_grad;
   if (!grad.is_contiguous()) grad = grad.contiguous();  // so the flat view below writes into it
   const FlatSlot& slot = layout_.slots[member];
-  const ElementRange common = intersect(range, {slot.offset, slot.offset + slot.numel});
+  const ElementRange common = intersect(range, slot.range());
   if (common.size() > 0) grad.view({-1}).narrow(0, common.begin - slot.offset, common.size()).zero_();
 }
 

@@ -27,9 +27,12 @@ void PartitionedEma::update(double beta) {
   auto average = [&](torch::Tensor& ema, const torch::Tensor& theta) {
     ema.copy_(torch::lerp(theta.to(ema.device(), ema.scalar_type()), ema, beta));
   };
-  for (size_t g = 0; g < groups.size(); ++g) average(parts_[g], groups[g]->owned_values());
-  const auto& ungrouped = zero.ungrouped();
-  for (size_t i = 0; i < whole_.size(); ++i) average(whole_[i].second, ungrouped[i].second.detach());
+  // Only the trainable groups move. A frozen value's average stays its initial copy bit for bit
+  // (lerp(x, x, beta) is x), so frozen groups and the ungrouped parameters (all frozen) are not
+  // read: at ZeRO-3 with LoRA that skips the frozen base, and for an int8 base its dequantization.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g]->trainable()) average(parts_[g], groups[g]->owned_values());
+  }
 }
 
 std::map<std::string, torch::Tensor> PartitionedEma::consolidated() {

@@ -25,22 +25,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 json step3_variant(const fs::path& trained, const fs::path& out, int64_t tp, bool continuous) {
-  return {{"output_dir", out.string()},
-          {"step3",
-           {{"actor_model_name_or_path", (trained / "actor").string()},
-            {"critic_model_name_or_path", (trained / "reward").string()},
-            {"actor_zero_stage", 3},
-            {"critic_zero_stage", 3},
-            {"per_device_generation_batch_size", 4},
-            {"per_device_training_batch_size", 4},
-            {"enable_test_mode", true},
-            {"test_stop_step", 2},
-            {"checkpoint_interval", 1},
-            {"enable_ema", true},
-            {"guardian", {{"enabled", false}}},
-            {"inference_tp_size", tp},
-            {"continuous_batching", continuous},
-            {"prefix_caching", continuous}}}};
+  return testing::zero3_step3_config(trained, out,
+                                     {{"checkpoint_interval", 1},
+                                      {"inference_tp_size", tp},
+                                      {"continuous_batching", continuous},
+                                      {"prefix_caching", continuous}});
 }
 
 TEST(ContinuousRolloutMultiproc, PpoAtZero3TrainsTheStaticEnginesWeightsInLockstepAndInATensorParallelGroup) {

@@ -23,24 +23,14 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The EMA stays on: partitioned at ZeRO-3, over the int8 groups' dequantized values.
 json step3_variant(const fs::path& trained, const fs::path& out, bool mixed_precision) {
-  return {{"output_dir", out.string()},
-          {"step3",
-           {{"actor_model_name_or_path", (trained / "actor").string()},
-            {"critic_model_name_or_path", (trained / "reward").string()},
-            {"actor_zero_stage", 3},
-            {"critic_zero_stage", 3},
-            {"actor_lora_dim", 8},
-            {"actor_lora_module_name", "decoder.layers."},
-            {"only_optimize_lora", true},
-            {"actor_lora_learning_rate", 1e-2},
-            {"per_device_generation_batch_size", 4},
-            {"per_device_training_batch_size", 4},
-            {"enable_test_mode", true},
-            {"test_stop_step", 2},
-            {"enable_ema", true},  // partitioned at ZeRO-3, over the int8 groups' dequantized values
-            {"guardian", {{"enabled", false}}},
-            {"enable_mixed_precision_lora", mixed_precision}}}};
+  return testing::zero3_step3_config(trained, out,
+                                     {{"actor_lora_dim", 8},
+                                      {"actor_lora_module_name", "decoder.layers."},
+                                      {"only_optimize_lora", true},
+                                      {"actor_lora_learning_rate", 1e-2},
+                                      {"enable_mixed_precision_lora", mixed_precision}});
 }
 
 std::vector<monitor::MetricsRow> ppo_rows(const fs::path& out) {

@@ -30,7 +30,8 @@ class PartitionedEma {
   /// `device` (the host to offload them). The engine must outlive this object.
   PartitionedEma(TrainingEngine& engine, torch::Device device);
 
-  /// ema <- torch.lerp(actor, ema, beta), range by range. No collective.
+  /// ema <- torch.lerp(actor, ema, beta), range by range, for the trainable groups; frozen
+  /// parameters keep their copy, which is what the lerp gives them. No collective.
   void update(double beta);
   /// Collective (every rank calls it): every parameter's full value by name, on `device`.
   std::map<std::string, torch::Tensor> consolidated();
