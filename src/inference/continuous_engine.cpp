@@ -70,6 +70,11 @@ int64_t ContinuousEngine::available_blocks() const {
 
 ContinuousEngine::~ContinuousEngine() = default;
 
+std::vector<ScoredToken> ContinuousEngine::score_prompt(const std::vector<int64_t>& ids, int64_t top) {
+  DSCHAT_CHECK(!options_.lockstep, Unsupported, "continuous engine: score_prompt is not collective (lockstep)");
+  return score_tokens(model_, ids, top, pool_->storage().device());
+}
+
 bool ContinuousEngine::has_work() const { return !waiting_.empty() || !prefilling_.empty() || !running_.empty(); }
 
 int64_t ContinuousEngine::running_sequences() const {
@@ -92,6 +97,8 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
                seeds.size(), " seeds for ", n, " samples");
   DSCHAT_CHECK(lengths.empty() || static_cast<int64_t>(lengths.size()) == n, InvalidArgument,
                "continuous engine: ", lengths.size(), " max_new_tokens for ", n, " samples");
+  DSCHAT_CHECK(samples.logprobs >= -1 && samples.logprobs <= kMaxTopLogprobs, InvalidArgument,
+               "continuous engine: logprobs must be -1 (none) or in [0, ", kMaxTopLogprobs, "], got ", samples.logprobs);
   for (int64_t length : lengths) {
     DSCHAT_CHECK(length >= 1 && length <= config.max_new_tokens, InvalidArgument,
                  "continuous engine: a sample's max_new_tokens (", length, ") must be in [1, ", config.max_new_tokens,
@@ -118,6 +125,7 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
     }
     sequence->tokens = prompt;
     sequence->prompt_length = prompt_length;
+    sequence->logprobs = samples.logprobs;
     if (config.do_sample) {
       sequence->generator.push_back(
           make_sampling_generator(device, seeds.empty() ? row_seed(config.seed, j) : seeds[j]));
@@ -288,7 +296,26 @@ void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, cons
     rows.push_back(RowSampling{&sequence->config, sequence->generated(), &sequence->tokens,
                                sequence->generator.empty() ? at::Generator() : sequence->generator.front()});
   }
+  // The raw distribution's log-probs, taken before sample_rows processes the logits.
+  std::vector<int64_t> scored_rows, top;
+  for (size_t r = 0; r < sequences.size(); ++r) {
+    if (sequences[r]->logprobs < 0) continue;
+    scored_rows.push_back(static_cast<int64_t>(r));
+    top.push_back(sequences[r]->logprobs);
+  }
+  torch::Tensor log_probs;  // [R', V]: the rows that report log-probs
+  if (!scored_rows.empty()) {
+    torch::Tensor index = torch::tensor(scored_rows, torch::kInt64).to(logits.device());
+    log_probs = torch::log_softmax(logits.index_select(0, index), /*dim=*/1);
+  }
   const std::vector<int64_t> next = sample_rows(logits, rows);
+  std::vector<ScoredToken> scored;
+  if (!scored_rows.empty()) {
+    std::vector<int64_t> drawn;
+    for (int64_t r : scored_rows) drawn.push_back(next[static_cast<size_t>(r)]);
+    scored = score_rows(log_probs, drawn, top);
+  }
+  size_t next_scored = 0;
   for (size_t r = 0; r < sequences.size(); ++r) {
     Sequence& sequence = *sequences[r];
     const core::GenerationConfig& config = sequence.config;
@@ -296,7 +323,9 @@ void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, cons
     ++stats_.generated_tokens;
     sequence.ended_on_eos = config.eos_token_id && next[r] == *config.eos_token_id;
     sequence.finished = sequence.ended_on_eos || sequence.generated() >= config.max_new_tokens;
-    step_tokens_.push_back(StepToken{sequence.request, sequence.sample, next[r], sequence.finished});
+    StepToken step{sequence.request, sequence.sample, next[r], sequence.finished, std::nullopt};
+    if (sequence.logprobs >= 0) step.logprobs = std::move(scored[next_scored++]);
+    step_tokens_.push_back(std::move(step));
   }
 }
 

@@ -23,6 +23,7 @@ struct ContinuousEngine::Sequence {
   std::vector<at::Generator> generator;  // one (do_sample only): select_next_tokens' row generators
   int64_t admitted_at = -1;     // admission order: the latest admitted is preempted first
   int64_t preemptions = 0;
+  int64_t logprobs = -1;        // SampleOptions::logprobs
   bool fresh = false;           // drew its token in this step's prefill: no decode this step
   bool parked = false;          // prefilled with its siblings, waiting for a decode row (holds
                                 // only the shared prompt blocks)

@@ -105,8 +105,11 @@ void BatchScheduler::admit_queued() {
     if (rows + request.rows() > options_.max_batch_rows) break;
     rows += request.rows();
     try {
-      rows_->add(it->request, *engine_);
-      running_.push_back(it->request);
+      if (rows_->add(it->request, *engine_)) {
+        running_.push_back(it->request);
+      } else {
+        ++counters_.completed_total;  // echo only: answered without the engine
+      }
     } catch (const std::exception& e) {  // the engine refused it (the handler's checks passed)
       it->request->fail(std::string("generation failed: ") + e.what());
       ++counters_.failed_total;

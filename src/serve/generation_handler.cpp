@@ -4,6 +4,7 @@
 
 #include "dschat/core/error.h"
 #include "serve/connection_watch.h"
+#include "serve/logprobs_json.h"
 #include "serve/server_state.h"
 
 namespace dschat {
@@ -72,8 +73,9 @@ ApiError generation_error(const Server::State& state, const std::string& message
   return ApiError(500, message, "", "", "server_error");
 }
 
-void answer_whole(Server::State& state, const httplib::Request& http, httplib::Response& response,
-                  const std::shared_ptr<GenerationRequest>& request, const ApiRequest& api) {
+void answer_whole(Server::State& state, const ModelSlot& slot, const httplib::Request& http,
+                  httplib::Response& response, const std::shared_ptr<GenerationRequest>& request,
+                  const ApiRequest& api) {
   const int socket = find_connection_socket(http.remote_addr, http.remote_port);
   std::vector<ChoiceResult> choices(static_cast<size_t>(request->rows()));
   std::vector<ChoiceEvent> events;
@@ -85,10 +87,18 @@ void answer_whole(Server::State& state, const httplib::Request& http, httplib::R
     }
   }
   if (!request->error().empty()) return send_error(response, generation_error(state, request->error()));
-  for (const auto& event : events) {
+  std::vector<std::vector<inference::ScoredToken>> scored(choices.size());
+  for (auto& event : events) {
     ChoiceResult& choice = choices[static_cast<size_t>(event.index)];
     choice.text += event.text;
     if (!event.finish_reason.empty()) choice.finish_reason = event.finish_reason;
+    auto& tokens = scored[static_cast<size_t>(event.index)];
+    tokens.insert(tokens.end(), event.logprobs.begin(), event.logprobs.end());
+  }
+  if (api.params.logprobs >= 0) {
+    for (size_t i = 0; i < choices.size(); ++i) {
+      choices[i].logprobs = ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint).next(scored[i]);
+    }
   }
   const json body = full_response(api.endpoint, new_response_id(api.endpoint), unix_now(), api.model, choices,
                                   request->prompt_tokens(), request->completion_tokens());
@@ -104,10 +114,12 @@ struct StreamState {
   bool include_usage = false;
   int socket = -1;
   bool opened = false;
+  std::vector<ChoiceLogprobs> logprobs;  // per choice when the request asked for log-probs
 };
 
-void answer_streamed(Server::State& state, const httplib::Request& http, httplib::Response& response,
-                     const std::shared_ptr<GenerationRequest>& request, const ApiRequest& api) {
+void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib::Request& http,
+                     httplib::Response& response, const std::shared_ptr<GenerationRequest>& request,
+                     const ApiRequest& api) {
   auto stream = std::make_shared<StreamState>();
   stream->request = request;
   stream->endpoint = api.endpoint;
@@ -116,6 +128,9 @@ void answer_streamed(Server::State& state, const httplib::Request& http, httplib
   stream->created = unix_now();
   stream->include_usage = api.include_usage;
   stream->socket = find_connection_socket(http.remote_addr, http.remote_port);
+  if (api.params.logprobs >= 0) {
+    stream->logprobs.assign(static_cast<size_t>(request->rows()), ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint));
+  }
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");  // proxies: pass events on as they come
   const Server::State* server = &state;
@@ -139,9 +154,13 @@ void answer_streamed(Server::State& state, const httplib::Request& http, httplib
     std::vector<ChoiceEvent> events;
     const bool done = generation.wait(events, kPollInterval);
     for (const auto& event : events) {
+      json logprobs = nullptr;  // this piece's tokens, on its first chunk
+      if (!stream->logprobs.empty()) logprobs = stream->logprobs[static_cast<size_t>(event.index)].next(event.logprobs);
       const auto chunk = [&](const std::string& text, const std::string& reason) {
-        return sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, event.index, text,
-                                reason, false));
+        std::string data = sse(stream_chunk(stream->endpoint, stream->id, stream->created, stream->model, event.index,
+                                            text, reason, false, logprobs));
+        logprobs = nullptr;
+        return data;
       };
       if (stream->endpoint == Endpoint::kChat) {
         if (!event.text.empty() && !write(chunk(event.text, ""))) return false;
@@ -209,9 +228,9 @@ void handle_generation(Server::State& state, const httplib::Request& http, httpl
       throw ApiError(503, e.what(), "", "server_stopping", "server_error");
     }
     if (api.stream) {
-      answer_streamed(state, http, response, request, api);
+      answer_streamed(state, *slot, http, response, request, api);
     } else {
-      answer_whole(state, http, response, request, api);
+      answer_whole(state, *slot, http, response, request, api);
     }
   } catch (const ApiError& e) {
     send_error(response, e);

@@ -76,6 +76,11 @@ bool host_allowed(const std::string& header, const ServerOptions& options) {
   return false;
 }
 
+// The paths behind the API key and the JSON-only rule: /v1 and the tokenizer endpoints.
+bool is_api_path(const std::string& path) {
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info";
+}
+
 // Cross-site requests a browser sends without a pre-flight (text/plain, forms) must not reach a
 // handler: the API takes JSON only.
 bool json_content_type(const std::string& header) {
@@ -131,7 +136,8 @@ ApiError error_for_status(const httplib::Request& request, int status, size_t ma
   switch (status) {
     case 404:
       return ApiError(404, "unknown path " + request.method + " " + request.path +
-                               " (served: GET /, /health, /v1/models; POST /v1/completions, /v1/chat/completions)",
+                               " (served: GET /, /health, /v1/models, /tokenizer_info; POST /v1/completions, /v1/chat/completions, "
+                               "/tokenize, /detokenize)",
                       "", "unknown_url");
     case 405:
       return ApiError(405, "method " + request.method + " is not allowed on " + request.path);
@@ -209,7 +215,7 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
                                     "", "host_not_allowed"));
       return httplib::Server::HandlerResponse::Handled;
     }
-    const bool api = request.path.rfind("/v1/", 0) == 0;
+    const bool api = is_api_path(request.path);
     if (api && request.method == "POST" && !json_content_type(request.get_header_value("Content-Type"))) {
       send_error(response, ApiError(415, "Content-Type must be application/json, got '" +
                                              request.get_header_value("Content-Type") + "'",
@@ -263,6 +269,7 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
   http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
     handle_generation(*state_, request, response, Endpoint::kChat);
   });
+  add_tokenizer_routes(state);
 }
 
 Server::~Server() { stop(); }

@@ -74,9 +74,6 @@ void refuse_unsupported(const json& body) {
   const auto refuse = [](const std::string& key, const std::string& what) {
     throw bad_value(key, "'" + key + "' is not supported by dschat serve (" + what + ")");
   };
-  if (present("logprobs") && body["logprobs"] != false && body["logprobs"] != 0) refuse("logprobs", "no log-probabilities are returned");
-  if (present("top_logprobs")) refuse("top_logprobs", "no log-probabilities are returned");
-  if (present("echo") && body["echo"] != false) refuse("echo", "the prompt is not echoed");
   if (present("best_of") && body["best_of"] != 1) refuse("best_of", "use n");
   if (present("suffix")) refuse("suffix", "no insertion mode");
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -176,6 +173,31 @@ void read_prompt(const json& body, ApiRequest& request) {
   }
 }
 
+// completions: logprobs N (the drawn token's log-prob and the N most likely), echo (the prompt's
+// tokens first, with theirs); chat: logprobs true and top_logprobs N.
+void read_logprobs(const json& body, Endpoint endpoint, SamplingParams& params) {
+  const auto present = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  if (endpoint == Endpoint::kCompletions) {
+    if (present("logprobs") && body["logprobs"] != false) {
+      params.logprobs = integer(body, "logprobs", -1, 0, inference::kMaxTopLogprobs);
+    }
+    if (present("echo")) {
+      if (!body["echo"].is_boolean()) throw bad_value("echo", "'echo' must be true or false");
+      params.echo = body["echo"].get<bool>();
+    }
+    return;
+  }
+  bool wanted = false;
+  if (present("logprobs")) {
+    if (!body["logprobs"].is_boolean()) throw bad_value("logprobs", "'logprobs' must be true or false");
+    wanted = body["logprobs"].get<bool>();
+  }
+  if (present("top_logprobs") && !wanted) {
+    throw bad_value("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (wanted) params.logprobs = integer(body, "top_logprobs", 0, 0, inference::kMaxTopLogprobs);
+}
+
 }  // namespace
 
 ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_, std::string type_)
@@ -230,7 +252,9 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
                                    !body["max_completion_tokens"].is_null()
                                ? "max_completion_tokens"
                                : "max_tokens";
-  params.max_tokens = integer(body, length_key, default_max_tokens, 1, 1 << 20);
+  read_logprobs(body, endpoint, params);
+  // echo with max_tokens 0 scores the prompt without generating (lm-eval's loglikelihood).
+  params.max_tokens = integer(body, length_key, default_max_tokens, params.echo ? 0 : 1, 1 << 20);
   params.temperature = number(body, "temperature", 1.0, 0.0, 2.0, false);
   params.top_p = number(body, "top_p", 1.0, 0.0, 1.0, true);
   params.top_k = integer(body, "top_k", 0, 0, 1 << 20);
@@ -293,8 +317,8 @@ json full_response(Endpoint endpoint, const std::string& id, int64_t created, co
       choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
     } else {
       choice["text"] = choices[i].text;
-      choice["logprobs"] = nullptr;
     }
+    choice["logprobs"] = choices[i].logprobs;
     list.push_back(choice);
   }
   body["choices"] = list;
@@ -303,7 +327,7 @@ json full_response(Endpoint endpoint, const std::string& id, int64_t created, co
 }
 
 json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                  const std::string& text, const std::string& finish_reason, bool first) {
+                  const std::string& text, const std::string& finish_reason, bool first, const json& logprobs) {
   json body = envelope(endpoint, id, created, model, true);
   json choice = {{"index", index}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
@@ -312,9 +336,10 @@ json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, con
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
     choice["delta"] = delta;
+    if (!logprobs.is_null()) choice["logprobs"] = logprobs;
   } else {
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = logprobs;
   }
   body["choices"] = json::array({choice});
   return body;

@@ -51,6 +51,7 @@ ApiRequest parse_api_request(const std::string& body, Endpoint endpoint, int64_t
 struct ChoiceResult {
   std::string text;
   std::string finish_reason;
+  nlohmann::json logprobs;  // null, or the choice's "logprobs" object (logprobs_json.h)
 };
 
 /// "cmpl-..." / "chatcmpl-...": unique within the server's life.
@@ -60,9 +61,10 @@ nlohmann::json full_response(Endpoint endpoint, const std::string& id, int64_t c
                              const std::vector<ChoiceResult>& choices, int64_t prompt_tokens, int64_t completion_tokens);
 
 /// One streamed chunk for choice `index`: `text` (may be empty), `finish_reason` ("" = null).
-/// For chat, `first` adds the delta's role.
+/// For chat, `first` adds the delta's role. `logprobs`: the piece's "logprobs" object (or null).
 nlohmann::json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                            int64_t index, const std::string& text, const std::string& finish_reason, bool first);
+                            int64_t index, const std::string& text, const std::string& finish_reason, bool first,
+                            const nlohmann::json& logprobs = nullptr);
 
 /// The last chunk of a stream with include_usage: no choices, the usage object.
 nlohmann::json usage_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,

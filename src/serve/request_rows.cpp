@@ -1,6 +1,7 @@
 #include "serve/request_rows.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "dschat/inference/logits_processing.h"
@@ -20,8 +21,13 @@ uint64_t fresh_seed() {
 RequestRows::RequestRows(const tokenizer::Tokenizer& tokenizer)
     : tokenizer_(&tokenizer), eos_(tokenizer.eos_token_id().value_or(-1)) {}
 
-void RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inference::ContinuousEngine& engine) {
+bool RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inference::ContinuousEngine& engine) {
   const SamplingParams& params = request->params();
+  if (params.echo) echo_prompts(*request, engine);
+  if (params.max_tokens == 0) {  // echo only: the prompts were the whole answer
+    for (int64_t choice = 0; choice < request->rows(); ++choice) request->push(ChoiceEvent{choice, "", "length", {}});
+    return false;
+  }
   core::GenerationConfig config;
   config.max_new_tokens = params.max_tokens;
   config.do_sample = !params.greedy();
@@ -37,6 +43,7 @@ void RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
   std::vector<int64_t> engine_requests;
   for (size_t p = 0; p < request->prompts().size(); ++p) {
     inference::SampleOptions samples;
+    samples.logprobs = params.logprobs;
     for (int64_t j = 0; j < params.n; ++j) {
       samples.seeds.push_back(inference::row_seed(seed, static_cast<int64_t>(p) * params.n + j));
     }
@@ -51,13 +58,31 @@ void RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
   open_rows_ += live.open;
   for (int64_t id : engine_requests) live_of_engine_request_[id] = live_.size();
   live_.push_back(std::move(live));
+  return true;
+}
+
+void RequestRows::echo_prompts(GenerationRequest& request, inference::ContinuousEngine& engine) {
+  const SamplingParams& params = request.params();
+  for (size_t p = 0; p < request.prompts().size(); ++p) {
+    const std::vector<int64_t>& prompt = request.prompts()[p];
+    std::vector<inference::ScoredToken> scored;
+    if (params.logprobs >= 0) {
+      // The first token has no log-prob (NaN): nothing precedes it.
+      scored.push_back(inference::ScoredToken{prompt.front(), std::nanf(""), {}});
+      for (auto& token : engine.score_prompt(prompt, params.logprobs)) scored.push_back(std::move(token));
+    }
+    const std::string text = tokenizer_->decode(prompt, /*skip_special_tokens=*/true);
+    for (int64_t j = 0; j < params.n; ++j) {
+      request.push(ChoiceEvent{static_cast<int64_t>(p) * params.n + j, text, "", scored});
+    }
+  }
 }
 
 void RequestRows::end_row(Live& live, Row& row, std::string text, const char* reason) {
   row.ended = true;
   --live.open;
   --open_rows_;
-  if (reason != nullptr) live.request->push(ChoiceEvent{row.choice, std::move(text), reason});
+  if (reason != nullptr) live.request->push(ChoiceEvent{row.choice, std::move(text), reason, std::move(row.logprobs)});
 }
 
 std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> RequestRows::on_step(
@@ -73,6 +98,7 @@ std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> RequestRows::on
     ++row.generated;
     ++generated_tokens_;
     request.add_completion_tokens(1);
+    if (step.logprobs) row.logprobs.push_back(*step.logprobs);
     const SamplingParams& params = request.params();
     const auto& stop_ids = params.stop_token_ids;
     bool ended_here = true;
@@ -86,7 +112,10 @@ std::vector<std::pair<std::shared_ptr<GenerationRequest>, bool>> RequestRows::on
         end_row(live, row, piece + row.text.finish(), "length");
       } else {
         ended_here = false;
-        if (!piece.empty()) request.push(ChoiceEvent{row.choice, std::move(piece), ""});
+        if (!piece.empty()) {
+          request.push(ChoiceEvent{row.choice, std::move(piece), "", std::move(row.logprobs)});
+          row.logprobs.clear();  // a moved-from vector is valid but unspecified
+        }
       }
     }
     // The engine ends a row itself at EOS and max_tokens; a stop id or string ends it here only.

@@ -26,8 +26,10 @@ class RequestRows {
 
   /// Submits every prompt of `request` to `engine` (its n choices as one engine request's
   /// samples, choice c seeded with row_seed(seed, c): a seeded request's answers depend on its
-  /// seed alone, not on what else runs).
-  void add(const std::shared_ptr<GenerationRequest>& request, inference::ContinuousEngine& engine);
+  /// seed alone, not on what else runs). With echo each choice first receives its prompt's text
+  /// (and log-probs, engine.score_prompt). Returns false when nothing was submitted: max_tokens 0
+  /// (echo only), the request already answered in full.
+  bool add(const std::shared_ptr<GenerationRequest>& request, inference::ContinuousEngine& engine);
 
   /// After engine.step(): streams its tokens and ends rows; cancels in `engine` the rows that
   /// ended for the server's reasons (stop string or id, client gone, `aborting`). Returns the
@@ -46,6 +48,7 @@ class RequestRows {
     TextStream text;
     int64_t generated = 0;
     bool ended = false;
+    std::vector<inference::ScoredToken> logprobs;  // drawn since the row's last event
   };
   struct Live {
     std::shared_ptr<GenerationRequest> request;
@@ -53,6 +56,7 @@ class RequestRows {
     int64_t open = 0;
   };
   void end_row(Live& live, Row& row, std::string text, const char* reason);
+  void echo_prompts(GenerationRequest& request, inference::ContinuousEngine& engine);
 
   const tokenizer::Tokenizer* tokenizer_;
   int64_t eos_ = -1;

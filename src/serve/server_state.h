@@ -41,6 +41,9 @@ void send_error(httplib::Response& response, const ApiError& error);
 void handle_generation(Server::State& state, const httplib::Request& request, httplib::Response& response,
                        Endpoint endpoint);
 
+/// GET /tokenizer_info, POST /tokenize and /detokenize (vLLM's; tokenizer_routes.cpp).
+void add_tokenizer_routes(Server::State& state);
+
 /// The chat page's HTML (assets/serve/index.html, embedded at build time).
 const std::string& web_page();
 

@@ -62,6 +62,13 @@ def raw_get_status(url, path, headers=None):
     return response.status
 
 
+def tokenize_text(url, token_id):
+    """A token's text as the server reports it (its id decoded alone)."""
+    status, body = raw_post(url, "/detokenize", json.dumps({"tokens": [token_id]}))
+    assert status == 200, body
+    return body["prompt"]
+
+
 class ServeApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -176,7 +183,9 @@ class ServeApiTest(unittest.TestCase):
             (dict(n=0), openai.BadRequestError, "n", None),
             (dict(stop=["a", "b", "c", "d", "e"]), openai.BadRequestError, "stop", None),
             (dict(max_tokens=10_000), openai.BadRequestError, "prompt", "context_length_exceeded"),
-            (dict(logprobs=2), openai.BadRequestError, "logprobs", None),
+            (dict(logprobs=21), openai.BadRequestError, "logprobs", None),
+            (dict(max_tokens=0), openai.BadRequestError, "max_tokens", None),  # 0 only with echo
+            (dict(extra_body={"echo": "yes"}), openai.BadRequestError, "echo", None),
             (dict(extra_body={"frobnicate": 1}), openai.BadRequestError, "frobnicate", None),
         ]
         for overrides, error_type, param, code in cases:
@@ -209,6 +218,87 @@ class ServeApiTest(unittest.TestCase):
         status, body = raw_post(self.server.url, "/v1/completions", b"x" * (2 << 20))
         self.assertEqual((status, body["error"]["code"]), (413, "request_too_large"))
         self.assertIsNone(self.server.process.poll())  # still serving
+
+    def test_logprobs_equal_transformers(self):
+        """Completions' echo + logprobs against transformers' log-softmax on the same ids, for the
+        prompt (scored, max_tokens 0 and 1, lm-eval's loglikelihood request) and greedy tokens."""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(str(TINY_MODEL), dtype=torch.float32).eval()
+
+        def reference(ids):
+            with torch.no_grad():
+                return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)  # [T, V]
+
+        status, tokenized = raw_post(self.server.url, "/tokenize", json.dumps({"prompt": PROMPT, "add_special_tokens": False}))
+        self.assertEqual(status, 200, tokenized)
+        prompt_ids = tokenized["tokens"]
+        self.assertEqual(tokenized["count"], len(prompt_ids))
+        status, text = raw_post(self.server.url, "/detokenize", json.dumps({"tokens": prompt_ids}))
+        self.assertEqual((status, text["prompt"]), (200, PROMPT))
+        for max_tokens in (0, 3):
+            with self.subTest(max_tokens=max_tokens):
+                answer = self.client.completions.create(model="tiny", prompt=[prompt_ids], max_tokens=max_tokens, echo=True,
+                                                        logprobs=3, temperature=0)
+                choice = answer.choices[0]
+                logprobs = choice.logprobs
+                self.assertTrue(choice.text.startswith(PROMPT), choice.text)
+                self.assertEqual(len(logprobs.token_logprobs), len(prompt_ids) + max_tokens)
+                self.assertIsNone(logprobs.token_logprobs[0])
+                self.assertIsNone(logprobs.top_logprobs[0])
+                self.assertEqual(answer.usage.completion_tokens, max_tokens)
+                generated = []
+                if max_tokens:
+                    generated = self.client.completions.create(model="tiny", prompt=[prompt_ids], max_tokens=max_tokens,
+                                                               temperature=0, logprobs=0).choices[0]
+                    self.assertEqual(len(generated.logprobs.tokens), max_tokens)
+                    self.assertEqual(generated.logprobs.token_logprobs, logprobs.token_logprobs[len(prompt_ids):])
+                    self.assertEqual(generated.logprobs.text_offset[0], 0)
+                    # transformers' greedy ids, whose texts must be the ones the server drew
+                    generated = []
+                    for _ in range(max_tokens):
+                        generated.append(int(reference(prompt_ids + generated)[-1].argmax()))
+                    self.assertEqual(logprobs.tokens[len(prompt_ids):],
+                                     [tokenize_text(self.server.url, i) for i in generated])
+                ids = prompt_ids + generated
+                expected = reference(ids)  # [T, V]
+                for t in range(1, len(ids)):
+                    want = expected[t - 1]
+                    got = logprobs.token_logprobs[t]
+                    self.assertLess(abs(got - want[ids[t]].item()), 1e-4, f"position {t}")
+                    top = logprobs.top_logprobs[t]
+                    self.assertLessEqual(len(top), 4)  # the 3 most likely and the drawn one
+                    best = torch.topk(want, 3)
+                    for value, index in zip(best.values.tolist(), best.indices.tolist()):
+                        token_text = tokenize_text(self.server.url, index)
+                        self.assertLess(abs(top[token_text] - value), 1e-4, f"position {t}, top id {index}")
+                    if t >= len(prompt_ids):  # greedy: the drawn token is the most likely one
+                        self.assertEqual(max(top.values()), got)
+                self.assertEqual(logprobs.text_offset[:2], [0, len(logprobs.tokens[0])])
+
+    def test_chat_logprobs_and_streamed_logprobs(self):
+        answer = self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+        content = answer.choices[0].logprobs.content
+        self.assertEqual(len(content), answer.usage.completion_tokens)
+        for item in content:
+            self.assertEqual(len(item.top_logprobs), 2)
+            self.assertGreaterEqual(item.top_logprobs[0].logprob, item.top_logprobs[1].logprob)
+            self.assertEqual(item.top_logprobs[0].logprob, item.logprob)  # greedy
+            self.assertEqual(bytes(item.bytes).decode("utf-8"), item.token)
+        streamed = self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1,
+                                                  stream=True)
+        tokens, token_logprobs = [], []
+        for chunk in streamed:
+            if chunk.choices and chunk.choices[0].logprobs:
+                tokens += chunk.choices[0].logprobs.tokens
+                token_logprobs += chunk.choices[0].logprobs.token_logprobs
+        whole = self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)
+        self.assertEqual(tokens, whole.choices[0].logprobs.tokens)
+        self.assertEqual(token_logprobs, whole.choices[0].logprobs.token_logprobs)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+        self.assertEqual(caught.exception.body["param"], "top_logprobs")
 
     def test_cross_site_requests_are_refused(self):
         """A page on another site can POST text/plain or a form without a CORS pre-flight, and a

@@ -72,6 +72,7 @@
 #include "dschat/inference/generation_stats.h"
 #include "dschat/inference/kv_block_pool.h"
 #include "dschat/inference/prefix_cache.h"
+#include "dschat/inference/token_logprobs.h"
 #include "dschat/models/causal_lm.h"
 
 namespace dschat {
@@ -101,6 +102,9 @@ struct ContinuousEngineOptions {
 struct SampleOptions {
   std::vector<uint64_t> seeds;           // sample j's generator seed
   std::vector<int64_t> max_new_tokens;   // sample j's own length limit (RLVR benchmarks force lengths)
+  /// >= 0: every drawn token comes with its log-probability and the `logprobs` most likely tokens
+  /// at its position (StepToken::logprobs; token_logprobs.h); -1: none.
+  int64_t logprobs = -1;
 };
 
 /// One finished sequence.
@@ -118,6 +122,7 @@ struct StepToken {
   int64_t request = 0, sample = 0;
   int64_t token = 0;
   bool finished = false;  // EOS or its max_new_tokens: the engine ended it in this step
+  std::optional<ScoredToken> logprobs;  // when its request asked (SampleOptions::logprobs)
 };
 
 struct ContinuousStats {
@@ -164,6 +169,10 @@ class ContinuousEngine {
   void cancel(int64_t request);
   /// Ends one sample of a request (the others go on).
   void cancel(int64_t request, int64_t sample);
+  /// Every token of `ids` after the first with its log-probability given those before it and the
+  /// `top` most likely tokens there (score_tokens on this engine's model and device: a prompt's
+  /// scores, OpenAI's echo). Runs a forward outside the pool; not with lockstep.
+  std::vector<ScoredToken> score_prompt(const std::vector<int64_t>& ids, int64_t top);
   /// Sequences waiting or running.
   bool has_work() const;
   /// Sequences waiting (not admitted, or preempted) and running (admitted, holding blocks).

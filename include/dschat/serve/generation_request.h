@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "dschat/inference/token_logprobs.h"
+
 namespace dschat {
 namespace serve {
 
@@ -27,6 +29,8 @@ struct SamplingParams {
   std::vector<std::string> stop;  // the client's stop strings and the chat template's
   bool trim_leading_space = false;  // chat replies drop the space after "Assistant:"
   std::vector<int64_t> stop_token_ids;  // ids that end an answer besides eos (a chat template's end of turn)
+  int64_t logprobs = -1;     // >= 0: each token's log-prob and this many most likely ones; -1: none
+  bool echo = false;         // completions: each choice starts with its prompt (and its log-probs)
 
   bool greedy() const { return temperature == 0.0; }
 };
@@ -36,6 +40,9 @@ struct ChoiceEvent {
   int64_t index = 0;
   std::string text;
   std::string finish_reason;  // "" while it goes on, then "stop" or "length"
+  /// With SamplingParams::logprobs: the tokens this piece covers (drawn since the previous event;
+  /// echoed prompt tokens first, the very first with a NaN log-prob: nothing precedes it).
+  std::vector<inference::ScoredToken> logprobs;
 };
 
 class GenerationRequest {
