@@ -15,7 +15,8 @@ namespace dschat {
 namespace serve {
 namespace {
 
-// The printable address and port of a socket's peer; false for non-IP or unconnected sockets.
+}  // namespace
+
 bool peer_of(int fd, std::string& address, int& port) {
   sockaddr_storage peer{};
   socklen_t length = sizeof(peer);
@@ -35,6 +36,8 @@ bool peer_of(int fd, std::string& address, int& port) {
   address = text;
   return true;
 }
+
+namespace {
 
 // The port a socket is bound to, or -1.
 int local_port_of(int fd) {
@@ -69,12 +72,18 @@ int find_socket(Match&& match) {
 
 }  // namespace
 
-int find_connection_socket(const std::string& remote_addr, int remote_port) {
-  return find_socket([&](int fd) {
+std::vector<int> accepted_sockets(int port) {
+  std::vector<int> found;
+  find_socket([&](int fd) {
+    int accepting = 0;
+    socklen_t length = sizeof(accepting);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &length) != 0 || accepting != 0) return false;
     std::string address;
-    int port = -1;
-    return peer_of(fd, address, port) && port == remote_port && address == remote_addr;
+    int peer_port = 0;
+    if (local_port_of(fd) == port && peer_of(fd, address, peer_port)) found.push_back(fd);
+    return false;  // every one
   });
+  return found;
 }
 
 bool widen_listen_backlog(int port) {

@@ -76,7 +76,7 @@ ApiError generation_error(const Server::State& state, const std::string& message
 void answer_whole(Server::State& state, const ModelSlot& slot, const httplib::Request& http,
                   httplib::Response& response, const std::shared_ptr<GenerationRequest>& request,
                   const ApiRequest& api) {
-  const int socket = find_connection_socket(http.remote_addr, http.remote_port);
+  const int socket = state.http.socket_of(http);
   std::vector<ChoiceResult> choices(static_cast<size_t>(request->rows()));
   std::vector<ChoiceEvent> events;
   for (bool done = false; !done;) {
@@ -127,7 +127,7 @@ void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib:
   stream->model = api.model;
   stream->created = unix_now();
   stream->include_usage = api.include_usage;
-  stream->socket = find_connection_socket(http.remote_addr, http.remote_port);
+  stream->socket = state.http.socket_of(http);
   if (api.params.logprobs >= 0) {
     stream->logprobs.assign(static_cast<size_t>(request->rows()), ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint));
   }

@@ -120,6 +120,10 @@ json health(const Server::State& state) {
   body["models"] = names;
   body["per_model"] = per_model;
   body["rss_bytes"] = resident_bytes();
+  const ConnectionCounters connections = state.http.counters();
+  body["connections"] = {{"open", connections.open},
+                         {"refused_total", connections.refused_total},
+                         {"timed_out_total", connections.timed_out_total}};
   return body;
 }
 
@@ -154,6 +158,41 @@ ApiError error_for_status(const httplib::Request& request, int status, size_t ma
 
 }  // namespace
 
+namespace {
+
+ConnectionLimits connection_limits(const ServerOptions& options) {
+  DSCHAT_CHECK(options.max_connections >= 1, InvalidArgument, "serve: max_connections must be at least 1, got ",
+               options.max_connections);
+  DSCHAT_CHECK(options.max_connections_per_client >= 1, InvalidArgument,
+               "serve: max_connections_per_client must be at least 1, got ", options.max_connections_per_client);
+  DSCHAT_CHECK(options.request_timeout_s > 0, InvalidArgument, "serve: request_timeout_s must be above 0, got ",
+               options.request_timeout_s);
+  return ConnectionLimits{options.max_connections, options.max_connections_per_client, options.request_timeout_s};
+}
+
+// A Content-Length that is not a plain decimal count a 64-bit signed integer holds ("-1", "1e3",
+// 2^64) is the client's error; httplib 0.11 answered 413 after a read timeout.
+bool valid_content_length(const std::string& value) {
+  if (value.empty() || value.size() > 18 || value.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  return true;
+}
+
+// The Access-Control-Allow-Origin value for a request from `origin`, or "" (no CORS headers).
+std::string allowed_origin(const std::string& origin, const ServerOptions& options) {
+  if (origin.empty()) return "";
+  for (const std::string& allowed : options.cors_origins) {
+    if (allowed == "*") return "*";
+    if (lowercase(allowed) == lowercase(origin)) return origin;
+  }
+  return "";
+}
+
+}  // namespace
+
+Server::State::State(const ServerOptions& options_) : options(options_), http(connection_limits(options_)) {}
+
 ModelSlot* Server::State::find(const std::string& name) {
   for (auto& slot : models) {
     if (slot.name == name) return &slot;
@@ -166,14 +205,13 @@ void send_error(httplib::Response& response, const ApiError& error) {
   response.set_content(wire_json(error_body(error)), "application/json");
 }
 
-Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(std::make_unique<State>()) {
+Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(std::make_unique<State>(options)) {
   DSCHAT_CHECK(!models.empty(), InvalidArgument, "serve: no model given");
   DSCHAT_CHECK(options.default_max_tokens >= 1, InvalidArgument, "serve: default_max_tokens must be at least 1, got ",
                options.default_max_tokens);
   DSCHAT_CHECK(options.max_body_bytes >= 1024, InvalidArgument, "serve: max_body_bytes must be at least 1024, got ",
                options.max_body_bytes);
   State& state = *state_;
-  state.options = std::move(options);
   if (state.options.enable_cuda_graph) {
     core::log_warn("serve: --cuda-graph has no effect: requests decode through the continuous engine, which does "
                    "not capture CUDA graphs yet");
@@ -197,15 +235,11 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
     state.models.push_back(std::move(slot));
   }
 
-  httplib::Server& http = state.http;
-  const SchedulerOptions& scheduler = state.options.scheduler;
-  // A thread per open connection: every queued and running request of every model, plus room for
-  // /health, /v1/models and the page while all of those wait.
-  const int threads = state.options.http_threads > 0
-                          ? state.options.http_threads
-                          : static_cast<int>(static_cast<int64_t>(state.models.size()) *
-                                                 (scheduler.max_queue + scheduler.max_batch_rows) + 16);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  GuardedServer& http = state.http;
+  http.new_task_queue = [&http] { return new ConnectionThreads(http); };
+  http.set_logger([this](const httplib::Request& request, const httplib::Response&) {
+    state_->http.response_written(request);
+  });
   http.set_payload_max_length(state.options.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
     const ServerOptions& options = state_->options;
@@ -214,6 +248,28 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
                                              "' is not this server's; start it with --allowed-hosts NAME to accept it",
                                     "", "host_not_allowed"));
       return httplib::Server::HandlerResponse::Handled;
+    }
+    if (request.has_header("Content-Length") && !valid_content_length(request.get_header_value("Content-Length"))) {
+      state_->http.close_after_response(request);  // its body cannot be told from a next request
+      response.set_header("Connection", "close");
+      send_error(response, ApiError(400, "the Content-Length header '" + request.get_header_value("Content-Length") +
+                                             "' is not a byte count", "", "invalid_content_length"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const std::string origin = allowed_origin(request.get_header_value("Origin"), options);
+    if (!origin.empty()) {
+      response.set_header("Access-Control-Allow-Origin", origin);
+      if (origin != "*") response.set_header("Vary", "Origin");
+      if (request.method == "OPTIONS") {  // a browser's pre-flight for a JSON POST with a key
+        response.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        response.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        response.set_header("Access-Control-Max-Age", "600");
+        response.status = 204;
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (!request.has_header("Content-Length") && !request.has_header("Transfer-Encoding")) {
+      state_->http.request_read(request);  // no body follows the head
     }
     const bool api = is_api_path(request.path);
     if (api && request.method == "POST" && !json_content_type(request.get_header_value("Content-Type"))) {
@@ -264,9 +320,11 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
     response.set_content(wire_json(model_list(*state_)), "application/json");
   });
   http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    state_->http.request_read(request);
     handle_generation(*state_, request, response, Endpoint::kCompletions);
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    state_->http.request_read(request);
     handle_generation(*state_, request, response, Endpoint::kChat);
   });
   add_tokenizer_routes(state);
@@ -285,6 +343,7 @@ int Server::bind() {
                  ":", port, " (in use, or not an address of this machine?)");
   }
   if (!widen_listen_backlog(port)) core::log_warn("serve: could not widen the accept backlog of port ", port);
+  state.http.set_port(port);
   return port;
 }
 

@@ -11,6 +11,7 @@
 
 #include "dschat/serve/batch_scheduler.h"
 #include "dschat/serve/server.h"
+#include "serve/connection_guard.h"
 #include "serve/openai_protocol.h"
 
 namespace dschat {
@@ -25,9 +26,10 @@ struct ModelSlot {
 };
 
 struct Server::State {
+  explicit State(const ServerOptions& options);
   ServerOptions options;
   std::vector<ModelSlot> models;
-  httplib::Server http;
+  GuardedServer http;
   std::atomic<bool> stopping{false};
 
   ModelSlot* find(const std::string& name);

@@ -70,6 +70,7 @@ void add_tokenizer_routes(Server::State& state) {
     });
   });
   state.http.Post("/tokenize", [server](const httplib::Request& request, httplib::Response& response) {
+    server->http.request_read(request);
     answer(response, [&] {
       const json body = parse_body(request.body, {"model", "prompt", "add_special_tokens"});
       ModelSlot& slot = model_of(*server, body);
@@ -86,6 +87,7 @@ void add_tokenizer_routes(Server::State& state) {
     });
   });
   state.http.Post("/detokenize", [server](const httplib::Request& request, httplib::Response& response) {
+    server->http.request_read(request);
     answer(response, [&] {
       const json body = parse_body(request.body, {"model", "tokens"});
       ModelSlot& slot = model_of(*server, body);

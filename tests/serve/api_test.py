@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_fixture import CLI, TINY_MODEL, TOKENIZER, ServedModels  # noqa: E402
@@ -436,6 +437,126 @@ class ApiKeyTest(unittest.TestCase):
             self.assertEqual([m.id for m in good.models.list().data], ["tiny"])
             self.assertTrue(good.completions.create(model="tiny", prompt="x", max_tokens=2).choices)
             self.assertEqual(server.get_json("/health")["status"], "ok")  # liveness needs no key
+
+
+def raw_exchange(url, data, source="127.0.0.1", timeout=10):
+    """Everything the server sends back on one connection for `data`, until it closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout, source_address=(source, 0)) as connection:
+        connection.sendall(data)
+        raw = b""
+        while chunk := connection.recv(65536):
+            raw += chunk
+    return raw
+
+
+class ServeConnectionLimitsTest(unittest.TestCase):
+    """Slow or many connections, bad Content-Length and CORS (issue 42). A server with a 2 s
+    request deadline and CORS for one origin."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=[
+            "--request-timeout", "2", "--cors-origin", "https://app.example"]).__enter__()
+        cls.host, cls.port = cls.server.url.removeprefix("http://").split(":")
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.server.stop()
+        assert status == 0, f"dschat serve exited {status} on SIGTERM; log:\n{cls.server.log()}"
+
+    def test_slow_connections_hold_nobody_and_time_out(self):
+        """200 connections that send a request head a byte at a time: /health and a completion
+        still answer within 1 s, and the server closes each slow one at its 2 s deadline while
+        it still sends (a per-read timeout alone never would)."""
+        slow = []
+        for _ in range(200):
+            connection = socket.create_connection((self.host, int(self.port)), timeout=10)
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\n")
+            slow.append(connection)
+        started = time.monotonic()
+        self.assertEqual(self.server.get_json("/health")["status"], "ok")
+        self.assertLess(time.monotonic() - started, 1.0)
+        client = openai.OpenAI(base_url=self.server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+        started = time.monotonic()
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0)
+        self.assertLess(time.monotonic() - started, 1.0)
+        deadline = time.monotonic() + 6
+        closed = set()
+        while len(closed) < len(slow) and time.monotonic() < deadline:
+            for i, connection in enumerate(slow):  # a byte every 0.5 s: no single read waits long
+                if i in closed:
+                    continue
+                try:
+                    connection.sendall(b"X")
+                    connection.setblocking(False)
+                    if connection.recv(1) == b"":
+                        closed.add(i)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:  # reset or broken pipe: closed by the server
+                    closed.add(i)
+                finally:
+                    connection.setblocking(True)
+            time.sleep(0.5)
+        elapsed = time.monotonic() - started
+        for connection in slow:
+            connection.close()
+        self.assertEqual(len(closed), len(slow), f"{len(closed)} of {len(slow)} closed after {elapsed:.1f} s")
+        self.assertGreaterEqual(self.server.get_json("/health")["connections"]["timed_out_total"], 200)
+
+    def test_a_bad_content_length_is_a_client_error(self):
+        for value in (b"-1", b"18446744073709551616", b"1e3"):
+            with self.subTest(content_length=value):
+                started = time.monotonic()
+                raw = raw_exchange(self.server.url, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"Content-Type: application/json\r\nContent-Length: " + value + b"\r\n\r\n{}")
+                self.assertLess(time.monotonic() - started, 1.0)  # answered, and closed, at once
+                head, _, body = raw.partition(b"\r\n\r\n")
+                self.assertIn(b" 400 ", head.split(b"\r\n")[0])
+                self.assertEqual(json.loads(body)["error"]["code"], "invalid_content_length")
+
+    def test_cors_only_for_the_named_origin(self):
+        preflight = raw_exchange(self.server.url, b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 b"Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n"
+                                 b"Connection: close\r\n\r\n").decode().lower()
+        self.assertIn(" 204 ", preflight.splitlines()[0])
+        self.assertIn("access-control-allow-origin: https://app.example", preflight)
+        self.assertIn("access-control-allow-headers: authorization, content-type", preflight)
+        for origin, allowed in (("https://app.example", True), ("https://evil.example", False)):
+            with self.subTest(origin=origin):
+                request = urllib.request.Request(self.server.url + "/v1/models", headers={"Origin": origin})
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    self.assertEqual(response.headers.get("Access-Control-Allow-Origin"), origin if allowed else None)
+        # The main server test class starts without --cors-origin: no CORS headers there at all.
+
+
+class ServeConnectionCapsTest(unittest.TestCase):
+    """At most 4 connections from one address and 6 in all: beyond, a 503 error object at once.
+    (Linux loopback accepts any 127.x.y.z source, so three client addresses are at hand.)"""
+
+    def test_per_client_and_total_caps_answer_503(self):
+        with ServedModels(models=[f"tiny={TINY_MODEL}"], extra_args=[
+                "--max-connections", "6", "--max-connections-per-client", "4"]) as server:
+            host, port = server.url.removeprefix("http://").split(":")
+            held = [socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+                    for source in ["127.0.0.1"] * 4 + ["127.0.0.2"] * 2]
+            time.sleep(0.3)  # every one admitted
+            request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            for source, limit in (("127.0.0.1", "--max-connections-per-client"), ("127.0.0.3", "--max-connections")):
+                with self.subTest(source=source):
+                    raw = raw_exchange(server.url, request, source=source)
+                    head, _, body = raw.partition(b"\r\n\r\n")
+                    self.assertIn(b" 503 ", head.split(b"\r\n")[0])
+                    error = json.loads(body)["error"]
+                    self.assertEqual(error["code"], "too_many_connections")
+                    self.assertIn(limit, error["message"])
+            for connection in held:
+                connection.close()
+            time.sleep(0.3)
+            health = server.get_json("/health")["connections"]
+            self.assertEqual(health["refused_total"], 2)
+            self.assertEqual(health["open"], 1)  # this /health request's own
 
 
 if __name__ == "__main__":

@@ -128,8 +128,8 @@ class LmEvalTest(unittest.TestCase):
         (guard_dir / "sitecustomize.py").write_text(NETWORK_GUARD)
         cls.network_log = tmp / "network.log"
         cls.network_log.touch()
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   HF_HOME=str(tmp / "hf"), HF_DATASETS_CACHE=str(tmp / "hf" / "datasets"),
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_EVALUATE_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf"), HF_DATASETS_CACHE=str(tmp / "hf" / "datasets"),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(guard_dir), os.environ.get("PYTHONPATH")])),
                    LM_EVAL_TEST_NETWORK_LOG=str(cls.network_log), TOKENIZERS_PARALLELISM="false",
                    OPENAI_API_KEY="")

@@ -102,6 +102,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--allowed-hosts", o->server.allowed_hosts,
                   "Host header names to accept besides the bound address (comma-separated; '*': any). Others get 403")
       ->delimiter(',');
+  cmd->add_option("--cors-origin", o->server.cors_origins,
+                  "Web origins whose pages may call the API from a browser (comma-separated; '*': any). Default: none")
+      ->delimiter(',');
   add_device_flag(*cmd, o->device);
   cmd->add_option("--dtype", o->dtype, "Compute dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--max-out-tokens", o->server.max_out_tokens, "Prompt + answer tokens per row (the KV workspace)")
@@ -124,7 +127,15 @@ void add_serve_command(CLI::App& app) {
                   "'deepspeed' (DeepSpeed-Chat's Human:/Assistant:), a .jinja file or a JSON template file "
                   "(default: the tokenizer directory's Jinja chat template, else DeepSpeed-Chat's)");
   cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "No effect for now (the continuous engine captures no CUDA graphs yet; warns)");
-  cmd->add_option("--http-threads", o->server.http_threads, "Connection threads (0: queue + batch + 16 per model)")
+  cmd->add_option("--max-connections", o->server.max_connections, "Open connections at most (503 beyond)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-client", o->server.max_connections_per_client,
+                  "Open connections from one client address at most (503 beyond)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", o->server.request_timeout_s,
+                  "Seconds a request's head and body may take to arrive (then the connection closes)")
       ->capture_default_str();
   cmd->callback([o] { run_serve(*o); });
 }

@@ -8,9 +8,9 @@
 //   POST /v1/chat/completions   chat             } "stream": true
 //
 // Each model has its own BatchScheduler (its own worker thread and engine): concurrent requests
-// for one model share decode steps. The HTTP server is cpp-httplib (Debian's libcpp-httplib-dev):
-// a thread per connection from a fixed pool, so a slow reader holds only its own thread while the
-// batch it belongs to decodes on. With an API key every /v1 call needs "Authorization: Bearer
+// for one model share decode steps. The HTTP server is cpp-httplib (Debian's libcpp-httplib-dev)
+// with a thread per connection, capped in total and per client address, and a deadline for each
+// request to arrive: a slow reader or sender holds only its own thread while batches decode on. With an API key every /v1 call needs "Authorization: Bearer
 // <key>"; bodies over max_body_bytes are refused (413) before they are read.
 //
 //   std::vector<serve::ServedModel> models = {{"sft", sft_model, tokenizer}, {"ppo", ppo_model, tokenizer}};
@@ -47,13 +47,22 @@ struct ServerOptions {
   // 127.0.0.1 and ::1; on a wildcard bind, any IP address): a web page that rebinds its own
   // name to this address is refused (403). "*" accepts every Host.
   std::vector<std::string> allowed_hosts;
+  // Web origins ("https://app.example", or "*") whose pages may call the API from a browser:
+  // their requests get CORS headers and their pre-flight OPTIONS a 204. Empty: no CORS at all
+  // (browsers then keep a cross-site page from reading any answer).
+  std::vector<std::string> cors_origins;
   size_t max_body_bytes = 1 << 20;
   int64_t default_max_tokens = 16;       // OpenAI's completions default
   int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
   bool enable_cuda_graph = false;         // no effect (logged): the continuous engine captures no graphs yet
   SchedulerOptions scheduler;
   ChatTemplate chat_template;            // for the models that bring none (select_chat_template)
-  int http_threads = 0;                  // 0: enough for every queued and running request, plus 16
+  // Connections (a thread each): at most max_connections open, max_connections_per_client from
+  // one address (503 beyond either); a request's head and body must arrive within
+  // request_timeout_s or its connection is closed (src/serve/connection_guard.h).
+  int64_t max_connections = 1024;
+  int64_t max_connections_per_client = 256;
+  double request_timeout_s = 15.0;
 };
 
 class Server {
