@@ -1,8 +1,11 @@
 #include "dschat/inference/logits_processing.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "dschat/core/error.h"
 
@@ -30,14 +33,80 @@ torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, co
     torch::Tensor kth = std::get<0>(logits.topk(config.top_k, 1)).narrow(1, config.top_k - 1, 1);  // [B, 1]
     logits = logits.masked_fill(logits < kth, kMasked);
   }
-  if (config.top_p < 1.0) {
-    auto [sorted, order] = logits.sort(1, /*descending=*/false);  // [B, V] each
-    torch::Tensor cumulative = sorted.softmax(1).cumsum(1);       // [B, V]
-    torch::Tensor drop = cumulative <= (1.0 - config.top_p);      // [B, V]
-    drop.select(1, drop.size(1) - 1).fill_(false);                // keep the best token
-    logits = logits.masked_fill(drop.scatter(1, order, drop), kMasked);
-  }
+  if (config.top_p < 1.0) logits = logits.masked_fill(outside_top_p(logits, config.top_p), kMasked);
   return logits;
+}
+
+namespace {
+
+// The smallest probability top-p keeps in one row: the probability of the first token (in
+// descending order) at which the mass so far reaches top_p. A quickselect that partitions by a
+// pivot and keeps only the side holding that token, so O(V) expected instead of a sort.
+// `values` is scratch (the row's probabilities, reordered).
+float top_p_threshold(std::vector<float>& values, double top_p) {
+  double needed = top_p;  // mass still to collect from the region [begin, end)
+  auto begin = values.begin(), end = values.end();
+  float threshold = *std::min_element(begin, end);  // if rounding leaves the mass short: keep all
+  while (begin != end) {
+    // Median of three as the pivot.
+    const float a = *begin, b = *(begin + (end - begin) / 2), c = *(end - 1);
+    const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
+    auto greater_end = std::partition(begin, end, [&](float x) { return x > pivot; });
+    auto equal_end = std::partition(greater_end, end, [&](float x) { return x == pivot; });
+    double greater = 0.0;
+    for (auto it = begin; it != greater_end; ++it) greater += *it;
+    if (greater >= needed) {  // the boundary token is among the greater ones
+      end = greater_end;
+      continue;
+    }
+    const double equal = static_cast<double>(pivot) * static_cast<double>(equal_end - greater_end);
+    if (greater + equal >= needed) return pivot;
+    needed -= greater + equal;
+    threshold = pivot;
+    begin = equal_end;
+  }
+  return threshold;
+}
+
+}  // namespace
+
+torch::Tensor outside_top_p(const torch::Tensor& logits, double top_p) {
+  if (!logits.device().is_cpu()) return outside_top_p_by_topk(logits, top_p);
+  torch::Tensor probabilities = logits.to(torch::kFloat32).softmax(1).contiguous();  // [B, V]
+  const int64_t rows = probabilities.size(0), vocab = probabilities.size(1);
+  torch::Tensor thresholds = torch::empty({rows, 1}, probabilities.options());  // [B, 1]
+  const float* probability = probabilities.data_ptr<float>();
+  float* threshold = thresholds.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> values(static_cast<size_t>(vocab));
+    for (int64_t r = first; r < last; ++r) {
+      std::copy(probability + r * vocab, probability + (r + 1) * vocab, values.begin());
+      threshold[r] = top_p_threshold(values, top_p);
+    }
+  });
+  return probabilities < thresholds;  // ties at the threshold are kept
+}
+
+torch::Tensor outside_top_p_by_topk(const torch::Tensor& logits, double top_p) {
+  // In descending order a token is kept when the mass of the tokens before it is < top_p. Only the
+  // first tokens in descending order can be kept, so the most likely k (topk, no full sort) decide
+  // it once they hold at least top_p of the mass; k grows 4x until they do (a flat distribution
+  // with top_p near 1 ends in the whole vocabulary).
+  const int64_t vocab = logits.size(1);
+  torch::Tensor probabilities = logits.softmax(1);  // [B, V]
+  int64_t k = std::min<int64_t>(vocab, 64);
+  for (;;) {
+    auto [mass, candidates] = probabilities.topk(k, 1, /*largest=*/true, /*sorted=*/true);  // [B, k] each
+    torch::Tensor before = mass.cumsum(1) - mass;  // [B, k]: the mass of the candidates before each
+    const bool decided = k == vocab || (mass.sum(1) >= top_p).all().item<bool>();
+    if (decided) {
+      torch::Tensor kept = before < top_p;  // [B, k]
+      kept.select(1, 0).fill_(true);        // the best token always stays
+      torch::Tensor drop = torch::ones_like(logits, torch::kBool);  // [B, V]
+      return drop.scatter(1, candidates, kept.logical_not());
+    }
+    k = std::min(vocab, k * 4);
+  }
 }
 
 torch::Tensor draw_by_inverse_cdf(const torch::Tensor& probabilities, const torch::Tensor& uniform) {

@@ -13,6 +13,16 @@
 namespace dschat {
 namespace inference {
 
+/// logits: [B, V] -> [B, V] bool, true for the tokens top-p (nucleus) sampling drops: Hugging
+/// Face's TopPLogitsWarper (a token goes when the probability of it and every less likely token is
+/// <= 1 - top_p; the best stays) without sorting the vocabulary. On the CPU a per-row quickselect
+/// for the smallest kept probability (O(V)); elsewhere outside_top_p_by_topk. Equal to the
+/// sorting rule up to float rounding of a token exactly at the boundary; tokens tied with the
+/// smallest kept one are all kept (the sort keeps an arbitrary part of them).
+torch::Tensor outside_top_p(const torch::Tensor& logits, double top_p);
+/// The same by topk of a growing k (64, 256, ...) until the candidates hold top_p of the mass.
+torch::Tensor outside_top_p_by_topk(const torch::Tensor& logits, double top_p);
+
 /// logits: [B, V] float32, seen: [B, S] the ids so far (prompt and generated), `generated`: tokens
 /// generated before this one -> the adjusted logits [B, V] (masked entries are -inf).
 torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, const core::GenerationConfig& config,
