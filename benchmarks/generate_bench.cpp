@@ -1,5 +1,5 @@
-// Generation benchmark on the CPU: dschat's InferenceEngine against transformers' generate() on the
-// same model, prompts and decoding, in one command. The binary saves a random model of a preset's
+// Generation benchmark on the CPU: dschat's InferenceEngine and ContinuousEngine (--engines) against
+// transformers' generate() on the same model, prompts and decoding, in one command. The binary saves a random model of a preset's
 // shape (transformers' init, N(0, 0.02); default opt-125m) as a safetensors checkpoint, then
 // alternates --rounds times: --iters timed generate calls here (after --warmup untimed ones), then
 // benchmarks/generate_bench_peer.py (OPTForCausalLM / LlamaForCausalLM from the same checkpoint,
@@ -12,10 +12,12 @@
 // bytes read per decode step (every parameter once) x (new tokens - 1) / (latency - prefill),
 // as a fraction of a read-only stream over a buffer 4x the last-level cache at the same thread
 // count (memory_bandwidth_gb_s), the ceiling for a step that reads each weight once from memory;
-// a copy's rate is printed beside it.
+// a copy's rate is printed beside it. The continuous engine gets every row submitted at once and
+// is stepped to the end; its prefill time is the time until every prompt has been prefilled (its
+// steps then decode only when the prompts fit one step's prefill budget, 512 tokens).
 //
 //   dschat_generate_bench [--preset opt-125m] [--batch 4] [--prompt 32] [--new-tokens 32] [--threads 2]
-//       [--rounds 3] [--iters 3] [--warmup 1] [--out F]
+//       [--rounds 3] [--iters 3] [--warmup 1] [--engines static,continuous] [--out F]
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -29,12 +31,14 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 
 #include "bench_util.h"
 #include "random_checkpoint.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/core/error.h"
 #include "dschat/core/model_config.h"
+#include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/models/load_save.h"
 
@@ -50,6 +54,7 @@ namespace fs = std::filesystem;
 struct Options {
   std::string preset = "opt-125m", out, work_dir;
   int64_t batch = 4, prompt = 32, new_tokens = 32, threads = 2, rounds = 3, iters = 3, warmup = 1, seed = 1234;
+  std::vector<std::string> engines = {"static", "continuous"};
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
 };
@@ -73,33 +78,85 @@ double process_cpu_seconds() {
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
-// One round of dschat: a fresh engine (its first call takes the workspace), warm-up, timed calls.
-json dschat_round(models::CausalLM& model, const torch::Tensor& prompts, const Options& o) {
-  inference::InferenceEngineOptions options;
-  options.max_out_tokens = o.prompt + o.new_tokens;
-  options.log_stats = false;
-  inference::InferenceEngine engine(model, options);
-  core::GenerationConfig config;
-  config.max_new_tokens = config.min_new_tokens = o.new_tokens;
-  config.eos_token_id = model->config().eos_token_id;
-  config.pad_token_id = model->config().pad_token_id;
-  const torch::Tensor mask = torch::ones_like(prompts);  // [B, T]
+// One generate call's ids [B, T + N], and its prefill seconds.
+using GenerateCall = std::function<std::pair<torch::Tensor, double>()>;
+
+// One round of dschat: a fresh engine (its first call takes the workspace or pool), warm-up, timed calls.
+json dschat_round(const GenerateCall& call, const Options& o) {
   json seconds = json::array(), cpu_seconds = json::array(), decode_seconds = json::array();
   torch::Tensor ids;  // [B, T + N]
   for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
     const double cpu_start = process_cpu_seconds();
     const auto start = std::chrono::steady_clock::now();
-    ids = engine.generate(prompts, mask, config).sequences;
+    auto [sequences, prefill_s] = call();
+    ids = sequences;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i >= o.warmup) {
       seconds.push_back(elapsed);
       cpu_seconds.push_back(process_cpu_seconds() - cpu_start);
-      decode_seconds.push_back(engine.last_stats().latency_s - engine.last_stats().prefill_s);
+      decode_seconds.push_back(elapsed - prefill_s);
     }
   }
-  std::cout << "  dschat: " << inference::format_generation_stats(engine.last_stats()) << "\n";
   std::vector<int64_t> flat(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
   return {{"seconds", seconds}, {"cpu_seconds", cpu_seconds}, {"decode_seconds", decode_seconds}, {"ids", flat}};
+}
+
+core::GenerationConfig greedy_fixed_length(const models::CausalLM& model, const Options& o) {
+  core::GenerationConfig config;
+  config.max_new_tokens = config.min_new_tokens = o.new_tokens;
+  config.eos_token_id = model->config().eos_token_id;
+  config.pad_token_id = model->config().pad_token_id;
+  return config;
+}
+
+json static_round(models::CausalLM& model, const torch::Tensor& prompts, const Options& o) {
+  inference::InferenceEngineOptions options;
+  options.max_out_tokens = o.prompt + o.new_tokens;
+  options.log_stats = false;
+  inference::InferenceEngine engine(model, options);
+  const core::GenerationConfig config = greedy_fixed_length(model, o);
+  const torch::Tensor mask = torch::ones_like(prompts);  // [B, T]
+  json round = dschat_round(
+      [&] {
+        torch::Tensor ids = engine.generate(prompts, mask, config).sequences;  // [B, T + N]
+        return std::make_pair(ids, engine.last_stats().prefill_s);
+      },
+      o);
+  std::cout << "  dschat static: " << inference::format_generation_stats(engine.last_stats()) << "\n";
+  return round;
+}
+
+json continuous_round(models::CausalLM& model, const torch::Tensor& prompts, const Options& o) {
+  inference::ContinuousEngineOptions options;
+  options.size_pool(0, o.batch, o.prompt + o.new_tokens);
+  options.max_running_sequences = o.batch;
+  inference::ContinuousEngine engine(model, options);
+  const core::GenerationConfig config = greedy_fixed_length(model, o);
+  return dschat_round(
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        std::vector<int64_t> requests;
+        for (int64_t b = 0; b < o.batch; ++b) {
+          const torch::Tensor row = prompts[b].contiguous();  // [T]
+          requests.push_back(engine.submit(std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + o.prompt),
+                                           config));
+        }
+        const int64_t prefills_before = engine.stats().prefill_forwards;
+        double prefill_s = 0.0;
+        torch::Tensor ids = torch::empty({o.batch, o.prompt + o.new_tokens}, torch::kInt64);  // [B, T + N]
+        while (engine.has_work()) {
+          for (const auto& done : engine.step()) {
+            std::vector<int64_t> row = done.prompt;
+            row.insert(row.end(), done.generated.begin(), done.generated.end());
+            ids[done.request - requests.front()].copy_(torch::tensor(row, torch::kInt64));
+          }
+          if (prefill_s == 0.0 && engine.stats().prefill_forwards - prefills_before == o.batch) {
+            prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          }
+        }
+        return std::make_pair(ids, prefill_s);
+      },
+      o);
 }
 
 // This machine's memory bandwidth at the bench's thread count, the median of 5 passes each over a
@@ -144,15 +201,23 @@ int run(const Options& o) {
             << ", prompt " << o.prompt << ", new tokens " << o.new_tokens << ", threads " << o.threads
             << ", prompt checksum " << checksum(prompts) << "\n";
 
-  std::vector<double> ours, theirs, ours_cpu, theirs_cpu, ours_decode;
-  json dschat_ids, peer_ids;
+  struct Side {
+    std::vector<double> seconds, cpu, decode;
+    json ids;
+  };
+  std::map<std::string, Side> ours;  // engine -> its figures
+  std::vector<double> theirs, theirs_cpu;
+  json peer_ids;
   for (int64_t round = 0; round < o.rounds; ++round) {
     std::cout << "round " << round + 1 << "/" << o.rounds << "\n";
-    json mine = dschat_round(model, prompts, o);
-    for (double s : mine["seconds"]) ours.push_back(s);
-    for (double s : mine["cpu_seconds"]) ours_cpu.push_back(s);
-    for (double s : mine["decode_seconds"]) ours_decode.push_back(s);
-    dschat_ids = mine["ids"];
+    for (const std::string& engine : o.engines) {
+      json mine = engine == "static" ? static_round(model, prompts, o) : continuous_round(model, prompts, o);
+      Side& side = ours[engine];
+      for (double s : mine["seconds"]) side.seconds.push_back(s);
+      for (double s : mine["cpu_seconds"]) side.cpu.push_back(s);
+      for (double s : mine["decode_seconds"]) side.decode.push_back(s);
+      side.ids = mine["ids"];
+    }
     const fs::path peer_out = work / "peer.json";
     const std::vector<std::string> argv = {
         o.python, o.peer, "--model-dir", model_dir.string(), "--out", peer_out.string(), "--batch",
@@ -170,36 +235,35 @@ int run(const Options& o) {
   }
 
   const double tokens = static_cast<double>(o.batch * o.new_tokens);
-  const double ours_s = median(ours), theirs_s = median(theirs);
-  int64_t same = 0;
-  for (size_t i = 0; i < dschat_ids.size() && i < peer_ids.size(); ++i) same += dschat_ids[i] == peer_ids[i] ? 1 : 0;
-  const double ours_cpu_s = median(ours_cpu), theirs_cpu_s = median(theirs_cpu);
-  std::cout << "\n| implementation | median latency (s) | per-token latency (ms) | tokens/s | CPU s / call |\n"
-               "|---|---|---|---|---|\n";
-  std::printf("| dschat InferenceEngine | %.3f | %.1f | %.1f | %.2f |\n", ours_s, 1e3 * ours_s / o.new_tokens,
-              tokens / ours_s, ours_cpu_s);
-  std::printf("| transformers generate | %.3f | %.1f | %.1f | %.2f |\n", theirs_s, 1e3 * theirs_s / o.new_tokens,
-              tokens / theirs_s, theirs_cpu_s);
-  std::printf("\ndschat / transformers tokens/s: %.2f (CPU time: %.2f); identical ids: %lld of %zu\n",
-              theirs_s / ours_s, theirs_cpu_s / ours_cpu_s, static_cast<long long>(same), dschat_ids.size());
+  const double theirs_s = median(theirs), theirs_cpu_s = median(theirs_cpu);
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   const double weight_gb = 4e-9 * static_cast<double>(parameters);  // fp32
-  const double decode_s = median(ours_decode);
-  const double decode_gb_s = o.new_tokens > 1 && decode_s > 0 ? weight_gb * (o.new_tokens - 1) / decode_s : 0.0;
   const auto [read_gb_s, copy_gb_s] = memory_bandwidth_gb_s();
-  std::printf("dschat decode: %.1f ms per step, %.1f GB/s of weights = %.0f%% of a read stream (%.1f GB/s; a copy: %.1f "
-              "GB/s)\n",
-              o.new_tokens > 1 ? 1e3 * decode_s / (o.new_tokens - 1) : 0.0, decode_gb_s,
-              100.0 * decode_gb_s / read_gb_s, read_gb_s, copy_gb_s);
-  if (!o.out.empty()) {
-    std::ofstream(o.out) << json{{"dschat_seconds", ours}, {"transformers_seconds", theirs},
-                                 {"dschat_cpu_seconds", ours_cpu}, {"transformers_cpu_seconds", theirs_cpu},
-                                 {"dschat_tokens_per_s", tokens / ours_s}, {"transformers_tokens_per_s", tokens / theirs_s},
-                                 {"ratio", theirs_s / ours_s}, {"identical_ids", same},
-                                 {"decode_gb_s", decode_gb_s}, {"read_gb_s", read_gb_s}, {"copy_gb_s", copy_gb_s}}
-                                .dump(1);
+  std::cout << "\n| implementation | median latency (s) | per-token latency (ms) | tokens/s | CPU s / call | x transformers "
+               "| decode ms / step | decode GB/s | % of read stream | identical ids |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n";
+  json report = {{"transformers_seconds", theirs}, {"transformers_cpu_seconds", theirs_cpu},
+                 {"transformers_tokens_per_s", tokens / theirs_s}, {"read_gb_s", read_gb_s}, {"copy_gb_s", copy_gb_s}};
+  for (const std::string& engine : o.engines) {
+    const Side& side = ours[engine];
+    const double ours_s = median(side.seconds), ours_cpu_s = median(side.cpu), decode_s = median(side.decode);
+    const double decode_gb_s = o.new_tokens > 1 && decode_s > 0 ? weight_gb * (o.new_tokens - 1) / decode_s : 0.0;
+    int64_t same = 0;
+    for (size_t i = 0; i < side.ids.size() && i < peer_ids.size(); ++i) same += side.ids[i] == peer_ids[i] ? 1 : 0;
+    std::printf("| dschat %s | %.3f | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f | %.0f%% | %lld of %zu |\n",
+                engine == "static" ? "InferenceEngine" : "ContinuousEngine", ours_s, 1e3 * ours_s / o.new_tokens,
+                tokens / ours_s, ours_cpu_s, theirs_s / ours_s,
+                o.new_tokens > 1 ? 1e3 * decode_s / (o.new_tokens - 1) : 0.0, decode_gb_s,
+                100.0 * decode_gb_s / read_gb_s, static_cast<long long>(same), side.ids.size());
+    report[engine] = {{"seconds", side.seconds}, {"cpu_seconds", side.cpu}, {"tokens_per_s", tokens / ours_s},
+                      {"ratio", theirs_s / ours_s}, {"identical_ids", same}, {"decode_gb_s", decode_gb_s}};
   }
+  std::printf("| transformers generate | %.3f | %.1f | %.1f | %.2f | 1.00 | | | | |\n", theirs_s,
+              1e3 * theirs_s / o.new_tokens, tokens / theirs_s, theirs_cpu_s);
+  std::printf("\nread stream %.1f GB/s, copy %.1f GB/s (this machine, %lld threads)\n", read_gb_s, copy_gb_s,
+              static_cast<long long>(o.threads));
+  if (!o.out.empty()) std::ofstream(o.out) << report.dump(1);
   checkpoint.remove();  // the checkpoint (~0.5 GB for opt-125m) goes with the temporary dir
   return 0;
 }
@@ -219,6 +283,10 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "Timed generate calls per round and side")->capture_default_str();
   app.add_option("--warmup", o.warmup)->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--engines", o.engines, "dschat engines to time: static, continuous")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"static", "continuous"}))
+      ->capture_default_str();
   app.add_option("--out", o.out, "JSON report");
   app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
   app.add_option("--python", o.python)->capture_default_str();

@@ -56,7 +56,8 @@ std::string format_plan(const PipelinePlan& plan) {
   std::ostringstream out;
   out << "hardware: " << hw.nodes << " node(s) x " << hw.gpus_per_node << " x " << hw.device.name << " ("
       << hw.device.memory_gib << " GiB, " << hw.device.peak_tflops << " TFLOP/s, " << hw.device.bandwidth_gbs
-      << " GB/s), host " << hw.host_memory_gib << " GiB per node\n";
+      << " GB/s), host " << hw.host_memory_gib << " GiB per node"
+      << (hw.host_memory_note.empty() ? "" : " (" + hw.host_memory_note + ")") << "\n";
   out << "margin: " << plan.options.margin * 100 << "% of device memory kept free";
   if (plan.options.efficiency) {
     out << "; efficiency: training " << plan.options.efficiency->training << ", prefill "
@@ -105,7 +106,7 @@ nlohmann::json plan_to_json(const PipelinePlan& plan) {
   j["hardware"] = {{"accelerator", hw.device.name},    {"memory_gib", hw.device.memory_gib},
                    {"peak_tflops", hw.device.peak_tflops}, {"bandwidth_gbs", hw.device.bandwidth_gbs},
                    {"gpus_per_node", hw.gpus_per_node}, {"nodes", hw.nodes},
-                   {"host_memory_gib", hw.host_memory_gib}, {"cpu", hw.cpu}};
+                   {"host_memory_gib", hw.host_memory_gib}, {"host_memory_note", hw.host_memory_note}, {"cpu", hw.cpu}};
   j["margin"] = plan.options.margin;
   if (plan.options.efficiency) {
     j["efficiency"] = {{"training", plan.options.efficiency->training},

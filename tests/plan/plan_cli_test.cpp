@@ -75,6 +75,9 @@ TEST(PlanCli, BadInputNamesTheFlagOrFile) {
       {" plan --gpu h300", "unknown accelerator 'h300'"},
       {" plan --gpu h200 --gpu-memory -5", "--gpu-memory must not be negative"},
       {" plan --gpu h200 --gpus -2", "--gpus"},
+      {" plan --gpu h200 --gpus 0", "--gpus"},  // was silently 1
+      {" plan --gpu-memory 1e9", "--gpu-memory is GiB per GPU"},
+      {" plan --gpu h200 --host-memory 2e12", "--host-memory is GiB per node"},
       {" plan --gpu h200 --margin 1.5", "--margin"},
       {" plan --config " + bad, bad},
   };
@@ -83,6 +86,23 @@ TEST(PlanCli, BadInputNamesTheFlagOrFile) {
     EXPECT_NE(testing::run_command(cli() + args, &output), 0) << args;
     EXPECT_NE(output.find(expected), std::string::npos) << args << "\n" << output;
   }
+}
+
+// Planning another machine's GPUs without --host-memory assumes a DGX A100's host (128 GiB per
+// GPU), whatever this machine has, and says so: the same verdict as --host-memory 1024 on 8 GPUs.
+TEST(PlanCli, ARemoteGpuPlanAssumesAServerHostNotThisMachines) {
+  const std::string plan = cli() + " plan --actor opt-13b --reward opt-350m --deployment single_node --gpu a100-80g "
+                           "--gpus 8 --dataset-rows 1000";
+  std::string assumed, given;
+  ASSERT_EQ(testing::run_command(plan + " --json 2>/dev/null", &assumed), 0) << assumed;
+  ASSERT_EQ(testing::run_command(plan + " --host-memory 1024 --json 2>/dev/null", &given), 0) << given;
+  const nlohmann::json a = nlohmann::json::parse(assumed), b = nlohmann::json::parse(given);
+  EXPECT_EQ(a["hardware"]["host_memory_gib"], 1024.0);
+  EXPECT_EQ(a["fits"], b["fits"]);
+  for (size_t i = 0; i < a["steps"].size(); ++i) EXPECT_EQ(a["steps"][i]["peak_bytes"], b["steps"][i]["peak_bytes"]);
+  std::string text;
+  ASSERT_EQ(testing::run_command(plan + " 2>&1", &text), 0) << text;
+  EXPECT_NE(text.find("host 1024 GiB per node (assumed: 128 GiB per GPU"), std::string::npos) << text;
 }
 
 // DeepSpeed-Chat's run_66b.sh: OPT-66B on 8 nodes of 8 A100-80G, inference_tp_size 8 (8 TP groups

@@ -156,7 +156,9 @@ TEST(CliTest, TrainDryRunShowsDevicesAndTheCpuDtypeRule) {
   EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32"), std::string::npos) << out;
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(testing::run_command(cli() + preset + " --device cuda:0", &out), 1);
-    EXPECT_NE(out.find("step1: key 'device': 'cuda:0' needs a GPU, but none is visible"), std::string::npos) << out;
+    // The flag is named, not the config key each step block received it as.
+    EXPECT_NE(out.find("--device: 'cuda:0' needs a GPU, but none is visible"), std::string::npos) << out;
+    EXPECT_EQ(out.find("step1: key 'device'"), std::string::npos) << out;
   }
 }
 
@@ -171,6 +173,31 @@ TEST(CliTest, BadArgumentsExitNonZeroWithANamedError) {
   EXPECT_EQ(testing::run_command(cli() + " forward --model x --input-ids y --output z --dtype fp8", &out), 1);
   EXPECT_NE(out.find("dtype: expected fp32, bf16 or fp16, got 'fp8'"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(cli() + " frobnicate", &out), 2);
+}
+
+// A mistyped command or flag is named with the nearest known one, before anything else is
+// reported (CLI11 alone says "A subcommand is required", or that a required flag is missing).
+TEST(CliTest, TyposAreNamedWithTheNearestCommandOrFlag) {
+  const std::pair<std::string, std::string> cases[] = {
+      {" trian", "unknown command 'trian' for 'dschat'; did you mean 'train'?"},
+      {" ckpt lsit out", "unknown command 'lsit' for 'dschat ckpt'; did you mean 'list'?"},
+      {" train --actr opt-13b", "unknown flag '--actr' for 'dschat train'; did you mean '--actor'?"},
+      {" generate --promt hi", "unknown flag '--promt' for 'dschat generate'; did you mean '--prompt'?"},
+      {" sft --modle x", "unknown flag '--modle' for 'dschat sft'"},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::string out;
+    EXPECT_EQ(testing::run_command(cli() + args, &out), 2) << args;
+    EXPECT_NE(out.find("dschat: error: " + expected), std::string::npos) << args << "\n" << out;
+  }
+  std::string out;
+  // Values that look like flags or commands are left alone: a negative number, a value after a flag.
+  EXPECT_EQ(testing::run_command(cli() + " plan --actor opt-1.3b --reward opt-350m --deployment single_gpu --gpu a100-80g "
+                                         "--margin 0.1 --dataset-rows 100 --json",
+                                 &out),
+            0)
+      << out;
+  EXPECT_EQ(testing::run_command(cli() + " ckpt --help", &out), 0) << out;
 }
 
 }  // namespace

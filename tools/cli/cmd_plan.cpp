@@ -30,9 +30,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--gpu", hw->gpu, "Accelerator from the table (a100-40g, a100-80g, h100-80g, h200, v100-32g, "
                                     "a6000, ...; docs/plan.md)");
   cmd->add_option("--gpu-memory", hw->gpu_memory, "GiB per GPU (overrides the table's; alone: a custom GPU)");
-  cmd->add_option("--gpus", hw->gpus, "GPUs (ranks) per node (default: the launcher's world, else 1)");
+  cmd->add_option("--gpus", hw->gpus, "GPUs (ranks) per node (default: the launcher's world, else 1)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--nodes", hw->nodes, "Nodes")->capture_default_str();
-  cmd->add_option("--host-memory", hw->host_memory, "Host GiB per node (default: this machine's)");
+  cmd->add_option("--host-memory", hw->host_memory, "Host GiB per node (default: this machine's; with --gpu or --gpu-memory 128 per GPU)");
   cmd->add_option("--margin", hw->margin, "Fraction of device memory kept free")->capture_default_str();
   cmd->add_option("--dataset-rows", hw->dataset_rows, "Rows of each step's datasets before the split (default: count)");
   cmd->add_flag("--json", *json, "Print the plan as JSON");

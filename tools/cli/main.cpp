@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "usage_check.h"
 #include "dschat/core/error.h"
 #include "dschat/core/host_memory.h"
 #include "dschat/monitor/guardian.h"
@@ -26,6 +27,11 @@ int main(int argc, char** argv) {
   dschat::cli::add_train_commands(app);
   dschat::cli::add_plan_command(app);
   dschat::cli::add_serve_command(app);
+  // An unknown command or flag, named with the nearest known one (CLI11 would report something else first).
+  if (const std::string usage = dschat::cli::find_usage_error(app, argc, argv); !usage.empty()) {
+    std::cerr << "dschat: error: " << usage << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -38,6 +38,7 @@ struct Hardware {
   int64_t gpus_per_node = 1;  // ranks per node
   int64_t nodes = 1;
   double host_memory_gib = 0;  // per node
+  std::string host_memory_note;  // where host_memory_gib came from when it was not given (reports)
   int64_t world_size() const { return gpus_per_node * nodes; }
 };
 

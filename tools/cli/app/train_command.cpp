@@ -111,6 +111,8 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
     if (args.deployment) json["deployment"] = *args.deployment;
   }
   if (args.device) {
+    // Checked here, so an error names the flag, not the config key it becomes in every step block.
+    core::resolve_device(*args.device, "--device");
     json["device"] = *args.device;
     for (const std::string& step : step_block_names()) {
       if (json.contains(step) && json[step].is_object()) json[step].erase("device");
