@@ -3,6 +3,8 @@
 #include "core/strings.h"
 
 #include "dschat/core/error.h"
+#include "dschat/core/json_file.h"
+#include "io/atomic_file.h"
 #include "dschat/engine/checkpoint_shards.h"
 #include "dschat/io/state_dict.h"
 #include "dschat/models/hf_layout.h"
@@ -86,6 +88,17 @@ int64_t export_hf_checkpoint(const fs::path& checkpoint_dir, const std::string& 
                              "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}) {
       const fs::path source = options.model_dir / file;
       if (!fs::exists(source)) continue;
+      if (std::string(file) == "config.json") {
+        // The config says the dtype the weights are in (transformers loads "auto" by it).
+        nlohmann::json config = core::read_json_file(source.string());
+        const char* dtype = options.dtype == torch::kBFloat16 ? "bfloat16"
+                            : options.dtype == torch::kFloat16 ? "float16"
+                                                               : "float32";
+        config["torch_dtype"] = dtype;
+        if (config.contains("dtype")) config["dtype"] = dtype;  // transformers 5's key
+        io::write_file_atomically(out_dir / file, config.dump(2) + "\n");
+        continue;
+      }
       fs::copy_file(source, out_dir / file, fs::copy_options::overwrite_existing, ec);
       DSCHAT_CHECK(!ec, IoError, source.string(), ": cannot copy to ", out_dir.string(), " (", ec.message(), ")");
     }

@@ -69,6 +69,11 @@ std::vector<CheckpointStatus> inspect_checkpoints(const fs::path& dir, bool chec
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name[0] == '.' || !entry.is_directory()) continue;
+    // A tag: what `latest` names, a global_stepN directory, or one holding an engine state or a
+    // manifest (a damaged tag keeps at least its name); other directories are not checkpoints.
+    const bool tag = name == latest || name.rfind("global_step", 0) == 0 || fs::exists(entry.path() / "engine.json") ||
+                     fs::exists(entry.path() / "manifest.json");
+    if (!tag) continue;
     CheckpointStatus status;
     status.tag = name;
     status.latest = name == latest;
@@ -90,6 +95,16 @@ std::vector<CheckpointStatus> inspect_checkpoints(const fs::path& dir, bool chec
       status.fault = e.what();
     }
     statuses.push_back(status);
+  }
+  if (statuses.empty() && latest.empty()) {
+    // An output directory (a saved model) given for its checkpoints, most likely.
+    std::string hint;
+    fs::path sibling = dir;
+    while (!sibling.empty() && sibling.filename().empty()) sibling = sibling.parent_path();  // "out/actor/"
+    sibling += "_checkpoints";
+    if (fs::is_directory(sibling, ec)) hint = "; a run keeps its checkpoints beside its output: " + sibling.string();
+    DSCHAT_CHECK(false, NotFound, dir.string(),
+                 ": no checkpoint tags here (no 'latest', no global_step* or tag directory with engine.json)", hint);
   }
   std::sort(statuses.begin(), statuses.end(), [](const CheckpointStatus& a, const CheckpointStatus& b) {
     return a.global_steps != b.global_steps ? a.global_steps > b.global_steps : a.tag > b.tag;

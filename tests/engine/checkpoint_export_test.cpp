@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "dschat/core/json_file.h"
 #include "dschat/core/model_config.h"
 #include "dschat/engine/checkpoint_export.h"
 #include "dschat/engine/checkpoint_shards.h"
@@ -164,6 +165,14 @@ TEST(CheckpointInspection, ListAndVerifyReportEachTagsIntegrity) {
   EXPECT_NE(output.find("2 of 3 checkpoint tags are damaged"), std::string::npos) << output;
   EXPECT_NE(testing::run_command(cli + "verify " + (ckpt / "nothing").string(), &output), 0);
   EXPECT_NE(output.find("no such checkpoint directory"), std::string::npos) << output;
+  // A saved model's directory is not a checkpoint directory: an error pointing at <dir>_checkpoints.
+  testing::TempDir out;
+  fs::create_directories(out / "actor" / "tokenizer");
+  std::ofstream(out / "actor" / "config.json") << "{}";
+  fs::create_directories(out / "actor_checkpoints");
+  EXPECT_EQ(testing::run_command(cli + "list " + (out / "actor").string(), &output), 1) << output;
+  EXPECT_NE(output.find("no checkpoint tags here"), std::string::npos) << output;
+  EXPECT_NE(output.find("beside its output: " + (out / "actor_checkpoints").string()), std::string::npos) << output;
 
   // `latest` naming a tag that is gone: list shows it missing, verify fails naming it.
   std::ofstream(ckpt / "latest", std::ios::trunc) << "global_step9";
@@ -172,6 +181,37 @@ TEST(CheckpointInspection, ListAndVerifyReportEachTagsIntegrity) {
   EXPECT_NE(output.find("missing: no such tag"), std::string::npos) << output;
   EXPECT_EQ(testing::run_command(cli + "verify " + ckpt.path().string(), &output), 1) << output;
   EXPECT_NE(output.find("'latest' names global_step9, which is not there"), std::string::npos) << output;
+}
+
+// `dschat export-hf` after a run: without --model-dir it takes config and tokenizer from the run's
+// output beside the checkpoint (out/actor for out/actor_checkpoints), and config.json says the
+// dtype the weights were written in; with no config anywhere it refuses, naming --model-dir.
+TEST(CheckpointExport, TheCliWritesALoadableDirectoryInTheDtypeItSays) {
+  auto model = tiny_lm();
+  engine::TrainingEngine engine(model.ptr(), options(0));
+  train(engine, model, 1);
+  testing::TempDir run;
+  engine.save_checkpoint(run / "actor_checkpoints");
+  const std::string cli = std::string(DSCHAT_CLI_PATH) + " export-hf --checkpoint " + (run / "actor_checkpoints").string();
+  std::string output;
+  EXPECT_EQ(testing::run_command(cli + " --output " + (run / "x").string(), &output), 1) << output;
+  EXPECT_NE(output.find("--model-dir is needed"), std::string::npos) << output;
+  EXPECT_NE(output.find("no config.json in " + (run / "actor").string()), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(run / "x")) << "nothing written";
+
+  fs::create_directories(run / "actor");  // the finished step's output: its config and tokenizer
+  for (const char* file : {"config.json", "vocab.json", "merges.txt", "tokenizer_config.json"}) {
+    if (fs::exists(testing::fixture("opt-preln") / file)) fs::copy_file(testing::fixture("opt-preln") / file, run / "actor" / file);
+  }
+  ASSERT_EQ(testing::run_command(cli + " --dtype bf16 --output " + (run / "hf").string(), &output), 0) << output;
+  EXPECT_NE(output.find("config and tokenizer from " + (run / "actor").string()), std::string::npos) << output;
+  EXPECT_EQ(core::read_json_file((run / "hf" / "config.json").string())["torch_dtype"], "bfloat16");
+  const core::ModelConfig config = core::load_model_config((run / "hf").string());
+  EXPECT_EQ(config.torch_dtype, "bfloat16");
+  const io::TensorMap exported = io::load_state_dict(run / "hf");
+  for (const auto& [name, tensor] : exported) EXPECT_EQ(tensor.scalar_type(), torch::kBFloat16) << name;
+  auto loaded = models::CausalLM(config);
+  loaded->load_weights(exported, (run / "hf").string());  // dschat loads it (transformers: docs/toolkit.md)
 }
 
 TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {

@@ -57,7 +57,9 @@ struct CheckpointStatus {
 /// Every tag directory of `dir` (finished or not, and those moved aside as <tag>.corrupt; not a
 /// save's staging directories), newest first. Checked: the manifest exists and lists files that
 /// exist with their sizes; with `checksums`, also every file's SHA-256 and the checkpoint's
-/// layout (what a resume checks). Throws core::NotFound when `dir` is not a directory.
+/// layout (what a resume checks). Throws core::NotFound when `dir` is not a directory, or holds no
+/// tag (no `latest`, no global_step* directory, none with engine.json or manifest.json: a saved
+/// model's directory, say; the message points at <dir>_checkpoints when that exists).
 std::vector<CheckpointStatus> inspect_checkpoints(const std::filesystem::path& dir, bool checksums);
 
 class CheckpointShards {
