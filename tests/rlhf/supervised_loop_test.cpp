@@ -224,9 +224,12 @@ TEST_F(SupervisedLoopTest, AccumulatesStepsAndCallsTheHooksInOrder) {
     EXPECT_DOUBLE_EQ(r.epochs[e].mean_loss, sum / 5.0);
   }
   // The last epoch ends on a window boundary, so its checkpoint exists when the model is saved
-  // (the first epoch's end is inside a window: saving there would throw); then they are removed.
+  // (the first epoch's end is inside a window: saving there would throw); then the older ones are
+  // removed and the last stays (keep_last_checkpoint, the default).
   EXPECT_TRUE(r.checkpoint_at_save);
-  EXPECT_FALSE(fs::exists(checkpoints("plain")));
+  ASSERT_TRUE(fs::exists(checkpoints("plain") / "latest"));
+  EXPECT_EQ(engine::list_checkpoint_tags(checkpoints("plain")).size(), 1u);
+  EXPECT_TRUE(fs::is_directory(checkpoints("plain") / engine::latest_checkpoint_tag(checkpoints("plain"))));
   // Training did something: the loss of the last epoch is below the first's.
   EXPECT_LT(r.epochs[1].mean_loss, r.epochs[0].mean_loss);
 }
@@ -356,10 +359,12 @@ TEST_F(SupervisedLoopTest, ADamagedNewestTagFallsBackToThePreviousOne) {
     const Record finished = run(name, perturbed);
     ASSERT_TRUE(finished.resumed.has_value());
     EXPECT_EQ(finished.global_steps, 5);
-    // The finished step deletes its checkpoints but the damaged tag, kept for inspection.
+    // The finished step deletes its checkpoints but the damaged tag, kept for inspection, and its
+    // last one (keep_last_checkpoint).
     EXPECT_TRUE(fs::is_directory(checkpoints(name) / "global_step4.corrupt"));
-    EXPECT_FALSE(fs::exists(checkpoints(name) / "global_step5"));
-    EXPECT_FALSE(fs::exists(checkpoints(name) / "latest"));
+    EXPECT_TRUE(fs::is_directory(checkpoints(name) / "global_step5"));
+    EXPECT_EQ(engine::latest_checkpoint_tag(checkpoints(name)), "global_step5");
+    EXPECT_EQ(engine::list_checkpoint_tags(checkpoints(name)).size(), 1u);
     for (const auto& [param, value] : straight.parameters) {
       EXPECT_TRUE(torch::equal(finished.parameters.at(param), value)) << param;
     }
@@ -522,7 +527,7 @@ TEST_F(SupervisedLoopTest, ARunResumedAfterItsLastEpochOnlyReevaluatesAndSaves) 
   const std::vector<std::string> events = {"resume e2 b0", "eval resumed_at_end e2 s5", "save_model"};
   EXPECT_EQ(again.events, events);
   EXPECT_TRUE(again.losses.empty());
-  EXPECT_FALSE(fs::exists(checkpoints("ended")));
+  EXPECT_TRUE(fs::exists(checkpoints("ended") / "latest"));  // its last checkpoint stays (keep_last_checkpoint)
 }
 
 TEST_F(SupervisedLoopTest, RefusesAClientStateThatWouldOverwriteThePosition) {

@@ -37,8 +37,9 @@ void expect_model_dir(const fs::path& dir) {
   EXPECT_TRUE(fs::exists(dir / "merges.txt")) << dir;
 }
 
-// A finished step leaves no checkpoint but the tags a resume found damaged (<tag>.corrupt, kept
-// for inspection, possibly inside step 3's actor/critic/ema parts).
+// A finished step leaves its last checkpoint (keep_last_checkpoint: `latest` and the tag it
+// names, in each of step 3's actor/critic/ema parts) and the tags a resume found damaged
+// (<tag>.corrupt, kept for inspection); no other tag.
 void expect_only_damaged_tags(const fs::path& checkpoints) {
   if (!fs::exists(checkpoints)) return;
   for (const auto& entry : fs::recursive_directory_iterator(checkpoints)) {
@@ -46,7 +47,13 @@ void expect_only_damaged_tags(const fs::path& checkpoints) {
     const bool damaged = name.size() > 8 && name.compare(name.size() - 8, 8, ".corrupt") == 0;
     const bool inside_damaged = entry.path().string().find(".corrupt/") != std::string::npos;
     const bool part = entry.is_directory() && (name == "actor" || name == "critic" || name == "ema");
-    EXPECT_TRUE(damaged || inside_damaged || part) << "checkpoints of a finished step remain: " << entry.path();
+    const fs::path parent = entry.path().parent_path();
+    const bool last = name == "latest" ||
+                      (fs::exists(parent / "latest") && name == engine::latest_checkpoint_tag(parent));
+    const bool inside_last = fs::exists(parent.parent_path() / "latest") &&
+                             parent.filename().string() == engine::latest_checkpoint_tag(parent.parent_path());
+    EXPECT_TRUE(damaged || inside_damaged || part || last || inside_last)
+        << "checkpoints of a finished step remain: " << entry.path();
   }
 }
 
@@ -99,6 +106,18 @@ TEST(TrainPipeline, TinyRunWritesTheLayoutAndEveryStepLoads) {
   EXPECT_EQ(gate.at("action"), "warn");
   EXPECT_EQ(gate.at("checks").size(), 3u) << gate.dump(2);
   EXPECT_GT(gate.at("diagnostics").at("pairs").get<int64_t>(), 0);
+  // After the run its last checkpoint is there (keep_last_checkpoint): `ckpt verify` passes and
+  // `export-hf` without --model-dir writes a directory dschat loads (config from out/actor).
+  const fs::path checkpoints = tmp / "out/actor_checkpoints";
+  ASSERT_TRUE(fs::exists(checkpoints / "latest"));
+  ASSERT_EQ(testing::run_command(cli() + " ckpt verify " + checkpoints.string(), &out), 0) << out;
+  ASSERT_EQ(testing::run_command(cli() + " export-hf --checkpoint " + checkpoints.string() + " --output " +
+                                     (tmp / "exported").string(),
+                                 &out),
+            0)
+      << out;
+  auto exported = models::load_causal_lm((tmp / "exported").string());
+  EXPECT_TRUE(fs::exists(tmp / "exported" / "vocab.json"));
   // A second run finds every step finished and redoes nothing.
   ASSERT_EQ(testing::run_command(cli() + " train --config " + config.string() + " --no-progress", &out), 0) << out;
   for (int step = 1; step <= 3; ++step) {
@@ -214,7 +233,13 @@ TEST(TrainPipeline, ResumesAfterAKillInStepThree) {
   // The damaged tag outlives the finished step, in every part, for inspection.
   EXPECT_TRUE(fs::is_directory(ckpt / "critic" / (newest + ".corrupt")));
   EXPECT_TRUE(fs::is_directory(ckpt / "actor" / (newest + ".corrupt")));
-  EXPECT_FALSE(fs::exists(ckpt / "actor/latest"));
+  // The step's last checkpoint stays (keep_last_checkpoint), intact, in every part.
+  ASSERT_TRUE(fs::exists(ckpt / "actor/latest"));
+  const std::string last = engine::latest_checkpoint_tag(ckpt / "actor");
+  EXPECT_NE(last, newest);
+  for (const char* part : {"actor", "critic"}) EXPECT_TRUE(fs::is_directory(ckpt / part / last)) << part;
+  ASSERT_EQ(testing::run_command(std::string(DSCHAT_CLI_PATH) + " ckpt verify " + (ckpt / "actor").string(), &out), 0)
+      << out;
   const nlohmann::json s = summary(tmp / "out/step3");
   EXPECT_EQ(s.at("steps").get<int64_t>(), 6);
   EXPECT_EQ(s.at("step_rewards").size(), 6u);  // the steps before the kill are kept

@@ -114,6 +114,7 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.tensorboard_path = o.get<std::string>("tensorboard_path", c.tensorboard_path);
   c.checkpoint_interval = read_min(o, "checkpoint_interval", c.checkpoint_interval, 0);
   c.keep_checkpoints = read_min(o, "keep_checkpoints", c.keep_checkpoints, 0);
+  c.keep_last_checkpoint = o.get<bool>("keep_last_checkpoint", c.keep_last_checkpoint);
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
   c.elastic_resume_allowed =

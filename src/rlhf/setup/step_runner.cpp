@@ -274,16 +274,22 @@ void StepRunner::finish() {
 
 void StepRunner::remove_checkpoints_but_damaged() {
   // <tag>.corrupt directories (in the checkpoint dir or a part of it) are what a resume found
-  // damaged: they stay for inspection; everything else goes.
-  std::vector<fs::path> kept;
+  // damaged: they stay for inspection; with keep_last_checkpoint so do `latest` and the tag it
+  // names; everything else goes.
+  std::vector<fs::path> damaged;
+  bool kept_last = false;
   auto sweep = [&](const fs::path& dir, bool recurse_into_parts) {
+    std::string last;
+    if (common_.keep_last_checkpoint && fs::exists(dir / "latest")) last = engine::latest_checkpoint_tag(dir);
     for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
       const std::string name = entry.path().filename().string();
       if (entry.is_directory() && core::ends_with(name, ".corrupt")) {
-        kept.push_back(entry.path());
+        damaged.push_back(entry.path());
       } else if (recurse_into_parts && entry.is_directory() &&
                  std::find(parts_.begin(), parts_.end(), name) != parts_.end()) {
         continue;  // a part: swept below
+      } else if (!last.empty() && (name == "latest" || name == last)) {
+        kept_last = true;
       } else {
         io::remove_directory_tree(entry.path());
       }
@@ -293,16 +299,20 @@ void StepRunner::remove_checkpoints_but_damaged() {
   sweep(checkpoint_dir_, true);
   for (const std::string& part : parts_) {
     if (part.empty() || !fs::exists(part_dir(part))) continue;
-    const size_t before = kept.size();
     sweep(part_dir(part), false);
-    if (kept.size() == before) io::remove_directory_tree(part_dir(part));
+    if (fs::is_empty(part_dir(part))) io::remove_directory_tree(part_dir(part));
   }
-  if (kept.empty()) {
+  if (fs::is_empty(checkpoint_dir_)) {
     io::remove_directory_tree(checkpoint_dir_);
     return;
   }
+  if (kept_last) {
+    core::log_info(name_, ": finished; its last checkpoint stays in ", checkpoint_dir_.string(),
+                   " (keep_last_checkpoint; `dschat ckpt list` shows it)");
+  }
+  if (damaged.empty()) return;
   std::vector<std::string> names;
-  for (const fs::path& path : kept) names.push_back(path.string());
+  for (const fs::path& path : damaged) names.push_back(path.string());
   core::log_warn(name_, ": finished; the damaged checkpoints found on resuming stay for inspection (delete them when "
                  "done): ", core::join(names));
 }

@@ -87,6 +87,10 @@ struct CommonStepConfig {
   /// Ours: how many checkpoint tags to keep, newest first (0: all). Older ones are deleted after
   /// a newer one is complete; the one `latest` names is never deleted.
   int64_t keep_checkpoints = 2;
+  /// Ours: a finished step keeps its newest checkpoint tag (the one `latest` names), so `dschat
+  /// ckpt` and `export-hf` work after a run and training can go on from it; false deletes it too.
+  /// Tags a resume found damaged (<tag>.corrupt) stay either way.
+  bool keep_last_checkpoint = true;
   /// Ours: write checkpoints on a background thread from a host snapshot while training goes on
   /// (false: training waits for each write).
   bool async_checkpoint = true;
