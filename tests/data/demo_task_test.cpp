@@ -228,6 +228,7 @@ TEST(DemoTask, CommittedDataIsWhatTheReadmeCommandWrites) {
             0)
       << out;
   EXPECT_NE(out.find("wrote 2000 train and 200 eval records"), std::string::npos) << out;
+  EXPECT_NE(out.find((tmp / "demo" / "sft" / "train.json").string()), std::string::npos) << "it says it wrote sft/: " << out;
   for (const char* name : {"train.json", "eval.json", "sft/train.json", "sft/eval.json"}) {
     EXPECT_TRUE(read_file(tmp / "demo" / name) == read_file(demo_dir / name))
         << "data/demo/" << name << " drifted from the generator; regenerate it with the README's command";

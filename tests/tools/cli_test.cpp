@@ -145,6 +145,13 @@ TEST(CliTest, TrainDryRunShowsDevicesAndTheCpuDtypeRule) {
   EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32  model opt-350m"), std::string::npos) << out;
   EXPECT_NE(out.find("step3: ppo  device cpu  dtype fp32"), std::string::npos) << out;
   EXPECT_NE(out.find("step1: the preset's dtype fp16 runs as fp32 on the CPU"), std::string::npos) << out;
+  // A bare size names DeepSpeed-Chat's OPT checkpoint (docs/config.md), also given as a flag.
+  ASSERT_EQ(testing::run_command(cli() + " train --dry-run --actor 1.3b --reward 350m --deployment single_gpu --device cpu",
+                                 &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("step1: sft  device cpu  dtype fp32  model facebook/opt-1.3b"), std::string::npos) << out;
+  EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32  model facebook/opt-350m"), std::string::npos) << out;
 
   const auto config = tmp / "c.json";
   std::ofstream(config) << R"({"device": "cpu", "step1": {"dtype": "bf16"}, "step3": {"device": "gpu"}})";

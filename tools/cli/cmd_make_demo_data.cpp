@@ -1,6 +1,7 @@
 // `dschat make-demo-data --out DIR [--seed N] [--train N] [--eval N] [--kinds copy,add,bigger]`:
 // writes the demo job's synthetic preference data (DIR/train.json, DIR/eval.json, JSON Lines) and
-// says what it wrote in one line on stderr. data/demo/ in the repository is this command's output.
+// its step-1 demonstrations (DIR/sft/train.json, DIR/sft/eval.json), and says what it wrote in one
+// line on stderr. data/demo/ in the repository is this command's output.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -29,7 +30,9 @@ void run_make_demo_data(const MakeDemoDataOptions& options) {
   const std::filesystem::path out = options.out;
   std::cerr << "make-demo-data: wrote " << options.train << " train and " << options.eval << " eval records (kinds "
             << kinds << ", seed " << options.seed << ") to " << (out / "train.json").string() << " and "
-            << (out / "eval.json").string() << "\n";
+            << (out / "eval.json").string() << ", and the same prompts as step-1 demonstrations (60% of the answers "
+            << "doubled, for RL to fix) to " << (out / "sft" / "train.json").string() << " and "
+            << (out / "sft" / "eval.json").string() << "\n";
 }
 
 }  // namespace
@@ -37,7 +40,8 @@ void run_make_demo_data(const MakeDemoDataOptions& options) {
 void add_make_demo_data_command(CLI::App& app) {
   auto options = std::make_shared<MakeDemoDataOptions>();
   auto* cmd = app.add_subcommand("make-demo-data",
-                                 "Write the demo job's synthetic preference data: DIR/train.json and DIR/eval.json");
+                                 "Write the demo job's synthetic data: DIR/train.json and DIR/eval.json (preference pairs), "
+                                 "DIR/sft/train.json and DIR/sft/eval.json (step-1 demonstrations)");
   cmd->add_option("--out", options->out, "Output directory (created if missing)")->required();
   cmd->add_option("--seed", options->seed, "Random seed; the same seed writes the same files")->capture_default_str();
   cmd->add_option("--train", options->train, "Number of train records")->capture_default_str();

@@ -105,9 +105,13 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
                            pick(args.actor, "actor_model", "facebook/opt-1.3b"),
                            pick(args.reward, "reward_model", "facebook/opt-350m"));
     }
+    // The flags win over the file; the preset has normalised them ("1.3b" -> "facebook/opt-1.3b").
+    const nlohmann::json preset_models = {{"actor_model", json.value("actor_model", nlohmann::json())},
+                                          {"reward_model", json.value("reward_model", nlohmann::json())}};
     json = merge_config(json, file);
-    if (args.actor) json["actor_model"] = *args.actor;
-    if (args.reward) json["reward_model"] = *args.reward;
+    const bool normalised = preset == "auto";
+    if (args.actor) json["actor_model"] = normalised ? preset_models["actor_model"] : nlohmann::json(*args.actor);
+    if (args.reward) json["reward_model"] = normalised ? preset_models["reward_model"] : nlohmann::json(*args.reward);
     if (args.deployment) json["deployment"] = *args.deployment;
   }
   if (args.device) {
