@@ -1,5 +1,6 @@
 #include "dschat/io/model_source.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -115,8 +116,19 @@ fs::path resolve_model_dir(const std::string& name_or_path) {
     if (repo_id.find('/') == std::string::npos) continue;
     if (auto snapshot = find_cached_snapshot("models", repo_id, has_config, &searched)) return *snapshot;
   }
+  searched.erase(std::unique(searched.begin(), searched.end()), searched.end());  // name == its expansion
+  const std::string repo = expand_short_model_name(name_or_path);
+  std::string cache_dir = "models--" + repo;
+  for (size_t slash = cache_dir.find('/'); slash != std::string::npos; slash = cache_dir.find('/')) {
+    cache_dir.replace(slash, 1, "--");
+  }
   DSCHAT_THROW(NotFound, "model '", name_or_path, "' not found (nothing is downloaded; searched: ",
-               core::join(searched), ")");
+               core::join(searched), "). Put it in one of: a local directory given as the path, holding config.json, ",
+               "the weights (model.safetensors, or model-*-of-*.safetensors with model.safetensors.index.json, or ",
+               "pytorch_model.bin) and the tokenizer (tokenizer.json, or vocab.json and merges.txt); or the Hugging ",
+               "Face cache, $HF_HUB_CACHE or $HF_HOME/hub or ~/.cache/huggingface/hub, as ", cache_dir,
+               "/snapshots/<revision>/ (what `huggingface-cli download ", repo, "` writes on a machine with network). ",
+               "Training from random weights of its shape needs no files: --init random");
 }
 
 }  // namespace io

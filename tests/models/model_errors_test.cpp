@@ -90,8 +90,23 @@ TEST(ModelSource, UnknownModelListsEverySearchedPath) {
     std::string what = e.what();
     EXPECT_NE(what.find("nothing is downloaded"), std::string::npos) << what;
     EXPECT_NE(what.find((tmp / "hub" / "models--facebook--opt-6.7b" / "snapshots").string()), std::string::npos) << what;
+    // ... and how to put the weights there: which files, which cache layout, or random weights.
+    for (const char* hint : {"config.json", "model.safetensors", "pytorch_model.bin", "vocab.json and merges.txt",
+                             "models--facebook--opt-6.7b/snapshots/<revision>/",
+                             "huggingface-cli download facebook/opt-6.7b", "--init random"}) {
+      EXPECT_NE(what.find(hint), std::string::npos) << hint << "\n" << what;
+    }
   }
   unsetenv("HF_HOME");
+  // A step's tokenizer lookup reports the missing model as such, not as a missing tokenizer.
+  std::string out;
+  EXPECT_NE(testing::run_command("cd " + tmp.path().string() + " && HF_HOME=" + tmp.path().string() + " " +
+                                     DSCHAT_CLI_PATH + " sft --actor facebook/opt-1.3b --reward 350m "
+                                     "--deployment single_gpu --skip-plan --device cpu",
+                                 &out),
+            0);
+  EXPECT_NE(out.find("model 'facebook/opt-1.3b' not found"), std::string::npos) << out;
+  EXPECT_EQ(out.find("no tokenizer for"), std::string::npos) << out;
 }
 
 TEST(ModelSource, FindsHubCacheSnapshotsByIdAndShortName) {

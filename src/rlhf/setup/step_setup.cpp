@@ -189,8 +189,10 @@ void apply_lora(torch::nn::Module& module, const ModelTrainingConfig& model, boo
 
 tokenizer::Tokenizer load_step_tokenizer(const StepContext& context, const std::string& model_name_or_path) {
   if (!context.tokenizer_dir.empty()) return tokenizer::Tokenizer::load(context.tokenizer_dir);
+  // A missing model is reported as such (where it looked, how to put it there), not as a tokenizer.
+  const std::filesystem::path dir = io::resolve_model_dir(model_name_or_path);
   try {
-    return tokenizer::Tokenizer::load(io::resolve_model_dir(model_name_or_path));
+    return tokenizer::Tokenizer::load(dir);
   } catch (const core::NotFound& e) {
     DSCHAT_THROW(NotFound, "no tokenizer for '", model_name_or_path, "' (", e.what(),
                  "); pass a tokenizer directory (\"tokenizer\" in the config, --tokenizer on the command line)");
