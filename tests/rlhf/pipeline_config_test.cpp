@@ -172,6 +172,26 @@ TEST(PipelineConfig, UnknownPresetListsTheCombinations) {
                     "single_gpu: step1 {opt-1.3b} step2 {opt-350m} step3 {opt-1.3b}");
 }
 
+// A model directory of the user's own is trained with the deployment's nearest script however far
+// its size (the bundled tiny OPT on single_gpu: OPT-1.3B's), the distance said in the description;
+// a preset name beyond 4x stays an error (above).
+TEST(PipelineConfig, AnyModelDirectoryTakesTheDeploymentsNearestScript) {
+  const std::string tiny = (testing::source_dir() / "assets" / "tiny-opt").string();
+  json c = rlhf::preset_config("single_gpu", tiny, tiny);
+  EXPECT_EQ(c["actor_model"], tiny);
+  EXPECT_DOUBLE_EQ(c["step1"]["learning_rate"].get<double>(), 1e-3);  // opt/single_gpu/run_1.3b.sh
+  const std::string description = c["description"].get<std::string>();
+  EXPECT_NE(description.find("opt-1.3b's script, the nearest size (sizes far apart"), std::string::npos) << description;
+  EXPECT_NO_THROW(parse_pipeline_config(c, "tiny preset"));
+  std::string out;
+  ASSERT_EQ(testing::run_command(std::string(DSCHAT_CLI_PATH) + " sft --dry-run --device cpu --actor " + tiny +
+                                     " --reward " + tiny,
+                                 &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("model " + tiny), std::string::npos) << out;
+}
+
 // Families and sizes with no DeepSpeed-Chat script borrow the script of the nearest size (LLaMA's
 // for LLaMA-shaped models), with LoRA pointed at their own layers and the reason in the description.
 TEST(PipelineConfig, OtherFamiliesBorrowTheNearestSizedScript) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -103,11 +104,15 @@ double approximate_parameters(const core::ModelConfig& c) {
   return embeddings + static_cast<double>(c.num_hidden_layers) * per_layer;
 }
 
+// A model the user has: a local directory with a config.json (not only a preset's name).
+bool is_model_directory(const std::string& model) {
+  return std::filesystem::is_regular_file(std::filesystem::path(model) / "config.json");
+}
+
 // The shapes of `model`: its --init random preset, or a local directory's config.json.
 std::optional<core::ModelConfig> model_shapes(const std::string& model) {
   if (auto preset = core::model_preset(model)) return preset;
-  const std::filesystem::path config = std::filesystem::path(model) / "config.json";
-  if (std::filesystem::is_regular_file(config)) return core::load_model_config(model);
+  if (is_model_directory(model)) return core::load_model_config(model);
   return std::nullopt;
 }
 
@@ -138,20 +143,25 @@ std::optional<ScriptChoice> choose_script(const std::string& model, const std::s
   if (!shapes) return std::nullopt;
   const double size = approximate_parameters(*shapes);
   const bool llama_shaped = shapes->architecture == core::Architecture::Llama;
+  // A model directory of the user's own takes the deployment's nearest script however far its
+  // size is (TRL and OpenRLHF take a model path alone too); a preset name beyond 4x is refused.
+  const double limit = is_model_directory(model) ? std::numeric_limits<double>::infinity() : std::log(kNearestSizeFactor);
   std::optional<ScriptChoice> best;
   double best_distance = 0.0;
   for (const std::string& stem : stems) {
     const std::optional<core::ModelConfig> script_shapes = core::model_preset(stem);
     if (!script_shapes) continue;
     const double ratio = std::abs(std::log(size / approximate_parameters(*script_shapes)));
-    if (ratio > std::log(kNearestSizeFactor)) continue;
+    if (ratio > limit) continue;
     const bool same_kind = (script_shapes->architecture == core::Architecture::Llama) == llama_shaped;
     const double distance = ratio + (same_kind ? 0.0 : std::log(1.25));
     if (!best || distance < best_distance) {
       best_distance = distance;
-      char reason[160];
-      std::snprintf(reason, sizeof reason, "%s %.2gB parameters, no script of its own: %s's script, the nearest size",
-                    shapes->model_type.c_str(), size / 1e9, stem.c_str());
+      char reason[256];
+      const double apart = std::exp(ratio);
+      std::snprintf(reason, sizeof reason, "%s %.2gB parameters, no script of its own: %s's script, the nearest size%s",
+                    shapes->model_type.c_str(), size / 1e9, stem.c_str(),
+                    apart > kNearestSizeFactor ? " (sizes far apart: check its batch sizes and learning rates)" : "");
       best = ScriptChoice{model, stem, true, reason, lora_layers_of(shapes->model_type)};
     }
   }
