@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/json_object.h"
+#include "dschat/data/chat_format.h"
 #include "dschat/core/error.h"
 
 namespace dschat {
@@ -128,6 +129,13 @@ ChatTemplate jinja_chat_template(const tokenizer::ChatTemplateSource& source, co
 ChatTemplate select_chat_template(const std::string& flag, const tokenizer::Tokenizer& tokenizer) {
   if (flag == kDeepSpeedChatTemplate) return ChatTemplate{};
   if (flag.empty()) {
+    // The format the model was trained in (recorded by dschat's SFT) first: it is what it answers to.
+    const std::filesystem::path recorded = tokenizer.directory() / data::kChatFormatFile;
+    if (std::filesystem::is_regular_file(recorded)) {
+      ChatTemplate chat = load_chat_template(recorded.string());
+      chat.source = recorded.string() + " (the format the model was trained in)";
+      return chat;
+    }
     const auto found = tokenizer::find_chat_template(tokenizer.directory());
     return found ? jinja_chat_template(*found, tokenizer) : ChatTemplate{};
   }

@@ -106,6 +106,13 @@ TEST(TrainPipeline, TinyRunWritesTheLayoutAndEveryStepLoads) {
   EXPECT_EQ(gate.at("action"), "warn");
   EXPECT_EQ(gate.at("checks").size(), 3u) << gate.dump(2);
   EXPECT_GT(gate.at("diagnostics").at("pairs").get<int64_t>(), 0);
+  // The conversation format of the data (the demo's " Human: q Assistant: a") is recorded with the
+  // SFT model and the PPO actor and its EMA, which `dschat chat` then prompts it in.
+  for (const char* dir : {"actor", "step3/actor", "step3/actor_ema"}) {
+    const fs::path format = tmp / "out" / dir / "dschat_chat_template.json";
+    ASSERT_TRUE(fs::exists(format)) << format;
+    EXPECT_EQ(core::read_json_file(format.string()).at("user"), " Human: {content} ") << format;
+  }
   // After the run its last checkpoint is there (keep_last_checkpoint): `ckpt verify` passes and
   // `export-hf` without --model-dir writes a directory dschat loads (config from out/actor).
   const fs::path checkpoints = tmp / "out/actor_checkpoints";

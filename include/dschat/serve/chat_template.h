@@ -71,7 +71,9 @@ ChatTemplate load_chat_template(const std::string& path);
 constexpr const char* kDeepSpeedChatTemplate = "deepspeed";
 
 /// The chat template for a model with `tokenizer`, as --chat-template `flag` says:
-///   ""            the tokenizer directory's Jinja template if it has one, else DeepSpeed-Chat's
+///   ""            the format the model was trained in when dschat recorded it in the tokenizer
+///                 directory (data::kChatFormatFile), else its Jinja template if it has one, else
+///                 DeepSpeed-Chat's
 ///   "deepspeed"   DeepSpeed-Chat's format, whatever the model has
 ///   FILE.jinja    that Jinja template
 ///   FILE          a JSON template file (load_chat_template)

@@ -1,6 +1,7 @@
 #include "dschat/rlhf/setup/rlhf_models.h"
 
 #include "core/log.h"
+#include "dschat/data/chat_format.h"
 #include "dschat/io/state_dict.h"
 #include "io/atomic_file.h"
 #include "dschat/models/load_save.h"
@@ -229,7 +230,7 @@ std::map<std::string, torch::Tensor> ema_parameters(RlhfModels& models) {
 }
 
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
-                     const nlohmann::json& summary, const StepContext& context) {
+                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init) {
   auto actor_params = trained_parameters(models.actor->training_engine(), context);
   std::map<std::string, torch::Tensor> critic_params;
   if (models.critic_engine) critic_params = trained_parameters(*models.critic_engine, context);
@@ -244,6 +245,15 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
       if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
       if (models.has_ema()) {
         write_model_dir(ema_params, models.actor->actor()->config(), tokenizer, staging / "actor_ema");
+      }
+      const std::filesystem::path format = std::filesystem::path(actor_init) / data::kChatFormatFile;
+      if (std::filesystem::is_regular_file(format)) {
+        for (const char* dir : {"actor", "actor_ema"}) {
+          if (std::filesystem::is_directory(staging / dir)) {
+            std::filesystem::copy_file(format, staging / dir / data::kChatFormatFile,
+                                       std::filesystem::copy_options::overwrite_existing);
+          }
+        }
       }
       commit_step_output(staging, output_dir, summary);
     });

@@ -9,6 +9,7 @@
 #include "dschat/core/device.h"
 #include "dschat/core/dtype.h"
 #include "dschat/core/error.h"
+#include "dschat/data/chat_format.h"
 #include "dschat/engine/checkpoint_export.h"
 #include "dschat/models/load_save.h"
 #include "dschat/io/model_source.h"
@@ -275,8 +276,10 @@ void write_model_dir(const std::map<std::string, torch::Tensor>& params, const c
                      const tokenizer::Tokenizer& tokenizer, const fs::path& dir) {
   models::save_model_tensors(params, config, dir);
   std::error_code ec;
+  // The tokenizer's files, and the conversation format the model it came with was trained in
+  // (step 3's actor keeps its SFT model's).
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                           "merges.txt", "added_tokens.json", "tokenizer.model"}) {
+                           "merges.txt", "added_tokens.json", "tokenizer.model", data::kChatFormatFile}) {
     const fs::path source = tokenizer.directory() / file;
     if (!fs::exists(source)) continue;
     fs::copy_file(source, dir / file, fs::copy_options::overwrite_existing, ec);
@@ -316,17 +319,28 @@ void commit_step_output(const fs::path& staging, const fs::path& dir, const nloh
 
 void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig& config,
                         const tokenizer::Tokenizer& tokenizer, const fs::path& dir, const nlohmann::json& summary,
-                        const StepContext& context) {
+                        const StepContext& context, const nlohmann::json& chat_format) {
   std::map<std::string, torch::Tensor> params = trained_parameters(engine, context);
   check_step_output(params, engine.global_steps() - engine.skipped_steps(), dir, context);
   if (context_rank(context) == 0) {
     const fs::path staging = staging_dir_for(dir);
     write_staged(staging, [&] {
       write_model_dir(params, config, tokenizer, staging);
+      if (!chat_format.is_null()) {
+        io::write_file_atomically(staging / data::kChatFormatFile, chat_format.dump(2) + "\n");
+      }
       commit_step_output(staging, dir, summary);
     });
   }
   if (context.communicator) context.communicator->barrier();
+}
+
+nlohmann::json sft_chat_format(const data::TokenizedDataset& train, const tokenizer::Tokenizer& tokenizer) {
+  if (train.size() == 0) return nullptr;
+  const data::TokenSpan sample = train.sequence(0);
+  const std::vector<int64_t> ids(sample.begin(), sample.end());
+  const std::optional<nlohmann::json> format = data::infer_chat_format(tokenizer.decode(ids, /*skip_special_tokens=*/true));
+  return format ? *format : nlohmann::json(nullptr);
 }
 
 double all_reduce_mean(const StepContext& context, double value) {

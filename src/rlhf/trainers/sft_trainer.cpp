@@ -132,6 +132,7 @@ SftResult run_sft_phases(const SftConfig& config, const StepContext& context, Me
                         config.max_seq_len, kSftStep);
   SupervisedData data = load_supervised_data(config.data, 1, config.common, config.max_seq_len, eot,
                                              config.per_device_train_batch_size, open.tokenizer, context);
+  open.chat_format = sft_chat_format(data.phase.train, open.tokenizer);  // `dschat chat` prompts it the same way
   std::unique_ptr<engine::TrainingEngine> engine = make_training_engine(
       model.ptr(), config.common, config.model, data.micro, data.total_steps, context, kSftStep, std::move(deferred));
   monitor::MetricsLog metrics(open.runner.log_dir(), metrics_log_options(config.common, context));

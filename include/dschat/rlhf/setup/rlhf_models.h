@@ -114,9 +114,11 @@ void save_ema_checkpoint(const std::filesystem::path& ema_dir, const std::string
 void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_dir, const std::string& tag);
 
 /// Collective: the trained models as Hugging Face directories <output_dir>/actor (and critic and
-/// actor_ema where they exist), assembled beside it and renamed into place with `summary`.
+/// actor_ema where they exist), assembled beside it and renamed into place with `summary`. The
+/// actor and its EMA keep the conversation format their initial model recorded
+/// (`actor_init`/data::kChatFormatFile, the SFT output's), so `dschat chat` prompts them as trained.
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
-                     const nlohmann::json& summary, const StepContext& context);
+                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init);
 
 /// ema <- lerp(actor, ema, beta) for every parameter (at ZeRO-3 partition by partition: nothing
 /// is gathered).

@@ -148,10 +148,16 @@ void commit_step_output(const std::filesystem::path& staging, const std::filesys
 
 /// Collective: trained_parameters, the output gate (rlhf/setup/output_gate.h: a diverged or untrained
 /// model throws StepFailed on every rank), write_model_dir + commit_step_output by rank 0 (one
-/// model per step directory, as steps 1 and 2 save), then a barrier.
+/// model per step directory, as steps 1 and 2 save), then a barrier. `chat_format` (not null):
+/// written as data::kChatFormatFile, the conversation format the model was trained in.
 void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig& config,
                         const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& dir,
-                        const nlohmann::json& summary, const StepContext& context);
+                        const nlohmann::json& summary, const StepContext& context,
+                        const nlohmann::json& chat_format = nullptr);
+
+/// The conversation format of an SFT phase's data (data::infer_chat_format on its first train
+/// sample, decoded), or null when its text has no "Human: ... Assistant:" turn.
+nlohmann::json sft_chat_format(const data::TokenizedDataset& train, const tokenizer::Tokenizer& tokenizer);
 
 /// Mean of `value` over the ranks (the value itself in a world of one).
 double all_reduce_mean(const StepContext& context, double value);
