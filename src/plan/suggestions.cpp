@@ -125,6 +125,16 @@ std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const 
                            (ppo ? c.step3.inference_tp_size : c.step2_grpo.inference_tp_size) = size;
                          }});
     }
+    // The hybrid engine at stage 3 keeps the gathered actor for generation unless unpinned:
+    // unpinned, it gathers layer by layer (DeepSpeed-Chat's run_30b_lora.sh on 8 x A100-40G).
+    const rlhf::PolicyStepConfig& policy = ppo ? static_cast<const rlhf::PolicyStepConfig&>(config.step3)
+                                               : static_cast<const rlhf::PolicyStepConfig&>(config.step2_grpo);
+    if (actor_stage == 3 && policy.enable_hybrid_engine && !policy.unpin_actor_parameters) {
+      changes.push_back({block + ": unpin_actor_parameters on (generation gathers the actor layer by layer)",
+                         {{block, {{"unpin_actor_parameters", true}}}}, [ppo](rlhf::PipelineConfig& c) {
+                           (ppo ? c.step3.unpin_actor_parameters : c.step2_grpo.unpin_actor_parameters) = true;
+                         }});
+    }
     if (actor_stage == 3) {
       changes.push_back({block + ": offload_reference_model on", {{block, {{"offload_reference_model", true}}}},
                          [ppo](rlhf::PipelineConfig& c) {

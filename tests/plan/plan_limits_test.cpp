@@ -64,6 +64,30 @@ TEST_P(PlanPublishedLimits, LargestFitsAndNextSizeDoesNot) {
                           << next.peak_bytes / 1073741824.0 << " GiB of " << next.usable_bytes / 1073741824.0;
 }
 
+// DeepSpeed-Chat's run_30b_lora.sh on 8 x A100-40G with the actor pinned (the hybrid engine's
+// default): the gathered 30B actor does not fit, and the one-key fix is unpin_actor_parameters
+// (the published setting, 22.2 GiB): the planner must name it, not say nothing it knows fits.
+TEST(PlanSuggestions, AnUnpinnedActorIsSuggestedForThirtyBillionOnEightA100s) {
+  plan::PlanOptions options;
+  options.hardware = plan::hardware_for("a100-40g", 8, 1, /*host_memory_gib=*/1024);
+  options.count_rows = false;
+  options.margin = 0.0;
+  rlhf::PipelineConfig pinned = step3_setting("opt-30b", 8);
+  pinned.step3.unpin_actor_parameters = false;
+  pinned.steps = {3};
+  const plan::PipelinePlan plan = plan::plan_pipeline(pinned, options);
+  ASSERT_FALSE(plan.fits());
+  bool suggested = false;
+  for (const plan::Suggestion& s : plan.suggestions) {
+    if (s.change.find("unpin_actor_parameters on") != std::string::npos) {
+      suggested = true;
+      EXPECT_TRUE(s.fits) << s.change;
+      EXPECT_LT(s.peak_bytes, 40.0 * 1073741824.0) << s.change;
+    }
+  }
+  EXPECT_TRUE(suggested) << plan::format_plan(plan);
+}
+
 INSTANTIATE_TEST_SUITE_P(DeepSpeedChat, PlanPublishedLimits,
                          ::testing::Values(Limit{"v100-32g", 1, 1, "opt-2.7b", "opt-6.7b"},
                                            Limit{"a6000", 1, 1, "opt-6.7b", "opt-13b"},
