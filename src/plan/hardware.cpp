@@ -98,8 +98,10 @@ Hardware cpu_hardware(int64_t processes, double host_memory_gib) {
   hardware.host_memory_gib = host_memory_gib > 0 ? host_memory_gib : machine_memory_gib();
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   // An AVX2 core: two 8-wide fp32 FMA units at ~2.5 GHz; ~10 GB/s of DRAM bandwidth per core.
-  hardware.device = {"cpu", hardware.host_memory_gib / static_cast<double>(processes), cores * 0.08,
-                     cores * 10.0, "this machine's CPU (host memory shared by the ranks)"};
+  // The ranks share the cores and the memory bus: each gets its share of both (a "device" is a rank).
+  const double share = 1.0 / static_cast<double>(processes);
+  hardware.device = {"cpu", hardware.host_memory_gib * share, cores * 0.08 * share, cores * 10.0 * share,
+                     "this machine's CPU (cores, bandwidth and host memory shared by the ranks)"};
   return hardware;
 }
 

@@ -64,6 +64,15 @@ TEST_P(PlanPublishedLimits, LargestFitsAndNextSizeDoesNot) {
                           << next.peak_bytes / 1073741824.0 << " GiB of " << next.usable_bytes / 1073741824.0;
 }
 
+// Ranks on one CPU share its cores and memory bus: each gets its share of the FLOP/s and the
+// bandwidth (each used to be given the whole machine's, so two ranks planned twice as fast).
+TEST(PlanHardware, RanksOnOneCpuShareItsCoresAndBandwidth) {
+  const plan::Hardware one = plan::cpu_hardware(1, 64), four = plan::cpu_hardware(4, 64);
+  EXPECT_DOUBLE_EQ(four.device.peak_tflops * 4, one.device.peak_tflops);
+  EXPECT_DOUBLE_EQ(four.device.bandwidth_gbs * 4, one.device.bandwidth_gbs);
+  EXPECT_DOUBLE_EQ(four.device.memory_gib * 4, one.device.memory_gib);
+}
+
 // DeepSpeed-Chat's run_30b_lora.sh on 8 x A100-40G with the actor pinned (the hybrid engine's
 // default): the gathered 30B actor does not fit, and the one-key fix is unpin_actor_parameters
 // (the published setting, 22.2 GiB): the planner must name it, not say nothing it knows fits.

@@ -47,7 +47,8 @@ struct Hardware {
 Hardware hardware_for(const std::string& accelerator, int64_t gpus_per_node, int64_t nodes,
                       double host_memory_gib = 0);
 
-/// `processes` ranks on this machine's CPU: their memory is the host's (MemTotal), shared.
+/// `processes` ranks on this machine's CPU: they share its memory (MemTotal), cores and memory
+/// bandwidth, so each rank's "device" has 1/processes of each.
 Hardware cpu_hardware(int64_t processes, double host_memory_gib = 0);
 
 /// MemTotal of /proc/meminfo in GiB (0 when it cannot be read).
