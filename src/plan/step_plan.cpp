@@ -250,6 +250,12 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
                 p.ppo_epochs, p.inference_tp_size, p.common.num_train_epochs};
   apply_time(plan, rl_time(actor.setup, actor.specs, {&reference.setup, &critic.setup, &reward.setup},
                            {&critic.setup}, shape, rows, b.time()));
+  // DeepSpeed-Chat's test mode ends step 3 after test_stop_step steps.
+  if (p.enable_test_mode && p.test_stop_step > 0 && plan.steps > p.test_stop_step) {
+    plan.steps = p.test_stop_step;
+    plan.total_seconds = static_cast<double>(plan.steps) * plan.seconds_per_step;
+    plan.steps_note += "; enable_test_mode stops it after test_stop_step " + std::to_string(p.test_stop_step);
+  }
 }
 
 void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {

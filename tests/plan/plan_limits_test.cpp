@@ -73,6 +73,21 @@ TEST(PlanHardware, RanksOnOneCpuShareItsCoresAndBandwidth) {
   EXPECT_DOUBLE_EQ(four.device.memory_gib * 4, one.device.memory_gib);
 }
 
+// DeepSpeed-Chat's test mode ends step 3 after test_stop_step steps: the plan counts those.
+TEST(PlanTime, TestModeStopsStepThreeAtTestStopStep) {
+  plan::PlanOptions options;
+  options.hardware = plan::hardware_for("a100-80g", 1, 1, /*host_memory_gib=*/1024);
+  rlhf::PipelineConfig c = step3_setting("opt-1.3b", 1);
+  const plan::StepPlan full = plan::plan_step(c, 3, options, /*rows=*/4000);
+  ASSERT_GT(full.steps, 3);
+  c.step3.enable_test_mode = true;
+  c.step3.test_stop_step = 3;
+  const plan::StepPlan stopped = plan::plan_step(c, 3, options, 4000);
+  EXPECT_EQ(stopped.steps, 3);
+  EXPECT_DOUBLE_EQ(stopped.total_seconds, 3 * stopped.seconds_per_step);
+  EXPECT_NE(stopped.steps_note.find("test_stop_step 3"), std::string::npos) << stopped.steps_note;
+}
+
 // DeepSpeed-Chat's run_30b_lora.sh on 8 x A100-40G with the actor pinned (the hybrid engine's
 // default): the gathered 30B actor does not fit, and the one-key fix is unpin_actor_parameters
 // (the published setting, 22.2 GiB): the planner must name it, not say nothing it knows fits.

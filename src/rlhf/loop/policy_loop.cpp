@@ -1,5 +1,7 @@
 #include "dschat/rlhf/loop/policy_loop.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "dschat/core/host_sync.h"
 #include "dschat/core/random_state.h"
@@ -111,8 +113,14 @@ void PolicyLoop::open(PolicyAlgorithm& algorithm) {
       return algorithm.heldout_score(*heldout_);
     };
   }
-  progress_ = std::make_unique<monitor::Progress>(settings_.progress_name,
-                                                  settings_.common.num_train_epochs * steps_per_epoch_,
+  // The bar ends where the run does: test mode's stop_after_step steps (of generation_batches
+  // prompt batches each) when that comes first.
+  int64_t progress_total = settings_.common.num_train_epochs * steps_per_epoch_;
+  if (settings_.stop_after_step > 0) {
+    progress_total = std::min(progress_total,
+                              settings_.stop_after_step * std::max<int64_t>(settings_.generation_batches, 1));
+  }
+  progress_ = std::make_unique<monitor::Progress>(settings_.progress_name, progress_total,
                                                   settings_.common.print_interval, !context_.progress);
   if (!resumed_) heldout_baseline(*guard_, step_, heldout_check_);
 }
