@@ -207,11 +207,7 @@ void handle_generation(Server::State& state, const httplib::Request& http, httpl
                        Endpoint endpoint) {
   try {
     ApiRequest api = parse_api_request(http.body, endpoint, state.options.default_max_tokens);
-    ModelSlot* slot = state.find(api.model);
-    if (slot == nullptr) {
-      throw ApiError(404, "the model '" + api.model + "' does not exist; GET /v1/models lists the served models",
-                     "model", "model_not_found");
-    }
+    ModelSlot* slot = &state.require(api.model);
     if (endpoint == Endpoint::kChat) {
       const ChatTemplate& chat = slot->chat_template;
       api.params.stop.insert(api.params.stop.end(), chat.stop.begin(), chat.stop.end());

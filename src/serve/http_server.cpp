@@ -200,6 +200,15 @@ ModelSlot* Server::State::find(const std::string& name) {
   return nullptr;
 }
 
+ModelSlot& Server::State::require(const std::string& name) {
+  ModelSlot* slot = find(name);
+  if (slot == nullptr) {
+    throw ApiError(404, "the model '" + name + "' does not exist; GET /v1/models lists the served models", "model",
+                   "model_not_found");
+  }
+  return *slot;
+}
+
 void send_error(httplib::Response& response, const ApiError& error) {
   response.status = error.status;
   response.set_content(wire_json(error_body(error)), "application/json");

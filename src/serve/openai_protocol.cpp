@@ -216,7 +216,7 @@ json error_body(const ApiError& error) {
 
 std::string wire_json(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t default_max_tokens) {
+json parse_request_object(const std::string& text) {
   json body;
   try {
     body = json::parse(text);
@@ -231,6 +231,11 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
     throw ApiError(400, "the request body is not valid JSON");
   }
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_name(body));
+  return body;
+}
+
+ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t default_max_tokens) {
+  const json body = parse_request_object(text);
   const auto& known = known_keys(endpoint);
   for (const auto& item : body.items()) {
     if (!known.count(item.key()) && !kIgnoredKeys.count(item.key())) {

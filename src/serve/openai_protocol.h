@@ -44,6 +44,10 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage
 };
 
+/// A request body as a JSON object; a 400 ApiError in our words otherwise (a syntax error or text
+/// that is not UTF-8 with its byte offset, a number beyond a double, not an object).
+nlohmann::json parse_request_object(const std::string& body);
+
 /// Parses and checks a request body. `default_max_tokens` applies when max_tokens is absent.
 ApiRequest parse_api_request(const std::string& body, Endpoint endpoint, int64_t default_max_tokens);
 

@@ -33,6 +33,8 @@ struct Server::State {
   std::atomic<bool> stopping{false};
 
   ModelSlot* find(const std::string& name);
+  /// find(), or the 404 model_not_found ApiError naming `name`.
+  ModelSlot& require(const std::string& name);
 };
 
 /// Writes `error` as the response: its status and the OpenAI error object.

@@ -15,13 +15,7 @@ namespace {
 using nlohmann::json;
 
 json parse_body(const std::string& text, const std::set<std::string>& keys) {
-  json body;
-  try {
-    body = json::parse(text);
-  } catch (const json::exception&) {
-    throw ApiError(400, "the request body is not valid JSON");
-  }
-  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + std::string(body.type_name()));
+  const json body = parse_request_object(text);
   for (const auto& item : body.items()) {
     if (!keys.count(item.key())) throw ApiError(400, "unrecognized request argument supplied: '" + item.key() + "'", item.key());
   }
@@ -31,13 +25,7 @@ json parse_body(const std::string& text, const std::set<std::string>& keys) {
 ModelSlot& model_of(Server::State& state, const json& body) {
   if (!body.contains("model") || body["model"].is_null()) return state.models.front();
   if (!body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
-  const std::string name = body["model"].get<std::string>();
-  ModelSlot* slot = state.find(name);
-  if (slot == nullptr) {
-    throw ApiError(404, "the model '" + name + "' does not exist; GET /v1/models lists the served models", "model",
-                   "model_not_found");
-  }
-  return *slot;
+  return state.require(body["model"].get<std::string>());
 }
 
 json token_text(const tokenizer::Tokenizer& tokenizer, std::optional<int64_t> id) {
