@@ -15,6 +15,12 @@ namespace core {
 
 bool first_time_seen(const std::string& message);  // thread-safe set of already-logged texts
 
+// A status line (monitor::Progress's bar) at the bottom of an interactive stderr. While one is
+// drawn, each log line clears it, is written on its row, and the status is drawn again below,
+// so the bar stays one row that redraws in place and the log scrolls above it.
+void draw_status_line(const std::string& text);  // "\r" + text + erase to the end of the row
+void end_status_line();                          // a newline under the status; logging is plain again
+
 template <typename... Args>
 void log_at(LogLevel level, const Args&... parts) {
   if (log_enabled(level)) log_message(level, detail::str_cat(parts...));

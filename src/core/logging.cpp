@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <unordered_set>
 
@@ -40,6 +41,7 @@ struct LogState {
   LogCallback callback;
   std::shared_ptr<spdlog::logger> logger;
   std::unordered_set<std::string> seen_once;
+  std::string status_line;  // drawn on stderr's last row; "" : none
 
   LogState() {
     auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
@@ -99,9 +101,33 @@ void log_message(LogLevel level, const std::string& message) {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.callback) {
     s.callback(level, message);
-  } else {
-    s.logger->log(to_spdlog(level), message);
+    return;
   }
+  // The sink writes through the same FILE* stderr, so these escapes and the line stay in order.
+  if (!s.status_line.empty()) std::fputs("\r\033[K", stderr);
+  s.logger->log(to_spdlog(level), message);
+  s.logger->flush();
+  if (!s.status_line.empty()) {
+    std::fprintf(stderr, "\r%s\033[K", s.status_line.c_str());
+    std::fflush(stderr);
+  }
+}
+
+void draw_status_line(const std::string& text) {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.status_line = text;
+  std::fprintf(stderr, "\r%s\033[K", text.c_str());
+  std::fflush(stderr);
+}
+
+void end_status_line() {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.status_line.empty()) return;
+  s.status_line.clear();
+  std::fputs("\n", stderr);
+  std::fflush(stderr);
 }
 
 bool first_time_seen(const std::string& message) {

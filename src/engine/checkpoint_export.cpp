@@ -82,7 +82,7 @@ int64_t export_hf_checkpoint(const fs::path& checkpoint_dir, const std::string& 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   DSCHAT_CHECK(!ec, IoError, out_dir.string(), ": cannot create (", ec.message(), ")");
-  io::save_state_dict(out_dir, io::TensorMap(params.begin(), params.end()), options.max_shard_bytes);
+  io::save_state_dict(out_dir, io::TensorMap(params.begin(), params.end()), options.format, options.max_shard_bytes);
   if (!options.model_dir.empty()) {
     for (const char* file : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                              "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}) {

@@ -161,5 +161,31 @@ void save_state_dict(const fs::path& model_dir, const TensorMap& tensors, int64_
   remove_stale_shards(model_dir, names);
 }
 
+WeightsFormat parse_weights_format(const std::string& name, const std::string& where) {
+  if (name == "safetensors") return WeightsFormat::kSafetensors;
+  if (name == "bin") return WeightsFormat::kTorchBin;
+  DSCHAT_THROW(ConfigError, where, ": '", name, "' is not a weights format (safetensors or bin)");
+}
+
+const char* weights_format_name(WeightsFormat format) {
+  return format == WeightsFormat::kTorchBin ? "bin" : "safetensors";
+}
+
+void save_state_dict(const fs::path& model_dir, const TensorMap& tensors, WeightsFormat format,
+                     int64_t max_shard_bytes) {
+  if (format == WeightsFormat::kSafetensors) {
+    save_state_dict(model_dir, tensors, max_shard_bytes);
+    return;
+  }
+  std::error_code ec;
+  fs::create_directories(model_dir, ec);
+  DSCHAT_CHECK(!ec, IoError, model_dir.string(), ": cannot create directory: ", ec.message());
+  save_torch_bin(model_dir / kBin, tensors);
+  remove_file(model_dir / kSafetensors);
+  remove_file(model_dir / kSafetensorsIndex);
+  remove_file(model_dir / kBinIndex);
+  remove_stale_shards(model_dir, {});
+}
+
 }  // namespace io
 }  // namespace dschat

@@ -160,10 +160,14 @@ void write_config(const core::ModelConfig& config, const fs::path& dir, torch::S
 
 // Weights first, config last: a directory with a config.json always has complete weights.
 void save_model_tensors(const NamedTensors& state, const core::ModelConfig& config, const fs::path& dir,
-                int64_t max_shard_bytes) {
+                int64_t max_shard_bytes, io::WeightsFormat format) {
   io::TensorMap weights;
   for (const auto& [name, tensor] : to_hf_layout(config, state)) weights.emplace(name, tensor.detach().to(torch::kCPU));
-  io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
+  if (format == io::WeightsFormat::kTorchBin) {
+    io::save_state_dict(dir, weights, format);
+  } else {
+    io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
+  }
   write_config(config, dir, weights.begin()->second.scalar_type());
 }
 

@@ -70,7 +70,7 @@ Progress::Progress(std::string label, int64_t total, int64_t plain_interval, boo
 
 Progress::~Progress() {
   // Leave the terminal on a fresh line even when the loop ended by an exception.
-  if (interactive_ && drawn_ && !finished_) std::fputs("\n", stderr);
+  if (interactive_ && drawn_ && !finished_) core::end_status_line();
 }
 
 void Progress::update(int64_t done, const std::string& extra) {
@@ -94,8 +94,7 @@ void Progress::finish() {
   if (finished_) return;
   if (interactive_) {
     if (stale_ || !drawn_) emit();  // the final state, when the last update was throttled
-    std::fputs("\n", stderr);
-    std::fflush(stderr);
+    core::end_status_line();
   } else if (done_ != last_logged_) {
     emit();
   }
@@ -106,9 +105,8 @@ void Progress::emit() {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const std::string text = format_progress(label_, done_, total_, elapsed, extra_);
   if (interactive_) {
-    // "\033[K" clears what a longer previous line left to the right.
-    std::fprintf(stderr, "\r%s\033[K", text.c_str());
-    std::fflush(stderr);
+    // Through the logger, which keeps log lines above the bar instead of on its row.
+    core::draw_status_line(text);
     drawn_ = true;
     stale_ = false;
   } else {

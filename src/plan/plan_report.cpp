@@ -4,18 +4,13 @@
 #include <sstream>
 
 #include "dschat/plan/step_plan.h"
+#include "plan/report_format.h"
 
 namespace dschat {
 namespace plan {
 namespace {
 
-constexpr double kReportGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string gib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / kReportGiB);
-  return text;
-}
+std::string gib(int64_t bytes) { return gib_text(bytes); }
 
 std::string duration(double seconds) {
   if (seconds < 0) return "unknown";
@@ -44,10 +39,7 @@ std::string count(int64_t n) {
   return text;
 }
 
-std::string pad(std::string text, size_t width) {
-  if (text.size() < width) text.resize(width, ' ');
-  return text;
-}
+std::string pad(std::string text, size_t width) { return padded(std::move(text), width); }
 
 }  // namespace
 

@@ -24,9 +24,12 @@ constexpr double kPlanGiB = 1024.0 * 1024.0 * 1024.0;
 // The shape of the first of `names` that resolves (config.json of a directory or cached HF id,
 // else a preset): a step's input that an earlier step writes falls back to what that step starts
 // from.
-core::ModelConfig shape_of(const std::vector<std::string>& names, const std::string& where) {
+// `source` receives the name that resolved.
+core::ModelConfig shape_of(const std::vector<std::string>& names, const std::string& where,
+                           std::string* source = nullptr) {
   for (const std::string& name : names) {
     if (name.empty()) continue;
+    if (source) *source = name;
     try {
       return core::load_model_config(io::resolve_model_dir(name).string());
     } catch (const core::NotFound&) {
@@ -40,10 +43,11 @@ core::ModelConfig shape_of(const std::vector<std::string>& names, const std::str
                ": not a directory with config.json, not in the Hugging Face cache, and not a preset (", presets, ")");
 }
 
-ModelSetup trained_setup(const std::string& role, const core::ModelConfig& shape, bool value_head,
-                         const rlhf::CommonStepConfig& common, const rlhf::ModelTrainingConfig& model) {
+ModelSetup trained_setup(const std::string& role, const std::string& source, const core::ModelConfig& shape,
+                         bool value_head, const rlhf::CommonStepConfig& common, const rlhf::ModelTrainingConfig& model) {
   ModelSetup s;
   s.role = role;
+  s.source = source;
   s.config = shape;
   s.value_head = value_head;
   s.dtype = common.dtype;
@@ -60,10 +64,11 @@ ModelSetup trained_setup(const std::string& role, const core::ModelConfig& shape
 
 // A frozen model of a step whose trained model is at `trained_stage`: ZeRO-3 (DS-Chat's eval
 // config) when it is 3, else replicated.
-ModelSetup frozen_setup(const std::string& role, const core::ModelConfig& shape, bool value_head,
-                        torch::ScalarType dtype, int trained_stage, bool offload) {
+ModelSetup frozen_setup(const std::string& role, const std::string& source, const core::ModelConfig& shape,
+                        bool value_head, torch::ScalarType dtype, int trained_stage, bool offload) {
   ModelSetup s;
   s.role = role;
+  s.source = source;
   s.config = shape;
   s.value_head = value_head;
   s.dtype = dtype;
@@ -86,10 +91,20 @@ class StepBuilder {
     m.setup.cpu_ranks = options_.hardware.cpu;
     m.specs = parameter_specs(m.setup);
     const core::ModelConfig& c = m.setup.config;
-    plan_.models.push_back({m.setup.role,
-                            std::to_string(c.num_hidden_layers) + " layers, hidden " + std::to_string(c.hidden_size) +
-                                ", vocab " + std::to_string(c.vocab_size),
-                            total_parameters(m.specs), trainable_parameters(m.specs), m.setup.zero_stage});
+    ModelSummary summary;
+    summary.role = m.setup.role;
+    summary.shape = std::to_string(c.num_hidden_layers) + " layers, hidden " + std::to_string(c.hidden_size) +
+                    ", vocab " + std::to_string(c.vocab_size);
+    summary.parameters = total_parameters(m.specs);
+    summary.trainable = trainable_parameters(m.specs);
+    summary.zero_stage = m.setup.zero_stage;
+    summary.source = m.setup.source;
+    summary.dtype = m.setup.dtype;
+    summary.trained = m.setup.trained;
+    summary.offload = m.setup.offload;
+    summary.lora_dim = m.setup.lora_dim;
+    summary.gradient_checkpointing = m.setup.gradient_checkpointing;
+    plan_.models.push_back(std::move(summary));
     append(resident_state(m.setup, m.specs, world(), 0));
     if (m.setup.trained && m.setup.offload && !options_.hardware.cpu) {
       // ZeRO-Offload's step: Adam over the owned fp32 state on the host (~16 bytes read and
@@ -186,13 +201,15 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
   const bool sft = plan.kind == rlhf::StepKind::kSft;
   const rlhf::CommonStepConfig& common = c.common_of(step);
   const auto& model = sft ? c.step1.model : c.step2.model;
-  const core::ModelConfig shape = sft ? shape_of({c.step1.model_name_or_path}, "step1")
-                                      : shape_of({c.step2.model_name_or_path, c.step1.model_name_or_path}, "step2");
+  std::string source;
+  const core::ModelConfig shape =
+      sft ? shape_of({c.step1.model_name_or_path}, "step1", &source)
+          : shape_of({c.step2.model_name_or_path, c.step1.model_name_or_path}, "step2", &source);
   const int64_t batch = sft ? c.step1.per_device_train_batch_size : c.step2.per_device_train_batch_size;
   const int64_t eval_batch = sft ? c.step1.per_device_eval_batch_size : c.step2.per_device_eval_batch_size;
   const int64_t seq = sft ? c.step1.max_seq_len : c.step2.max_seq_len;
   const int64_t rows_per_pass = sft ? 1 : 2;  // the reward model scores chosen and rejected together
-  const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", shape, !sft, common, model));
+  const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", source, shape, !sft, common, model));
   b.append(training_pass(m.setup, m.specs, {batch * rows_per_pass, seq}, b.world(), common.gradient_accumulation_steps,
                          "train"));
   b.append(inference_pass(m.setup, m.specs, {eval_batch * rows_per_pass, seq}, "evaluate"));
@@ -201,9 +218,10 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
 
 void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
   const rlhf::DpoConfig& d = c.step2_dpo;
-  const core::ModelConfig shape = shape_of({d.model_name_or_path, c.step1.model_name_or_path}, "step2_dpo");
-  const PlannedModel& policy = b.add(trained_setup("policy", shape, false, d.common, d.model));
-  const PlannedModel& reference = b.add(frozen_setup("reference", shape, false, policy.setup.dtype,
+  std::string source;
+  const core::ModelConfig shape = shape_of({d.model_name_or_path, c.step1.model_name_or_path}, "step2_dpo", &source);
+  const PlannedModel& policy = b.add(trained_setup("policy", source, shape, false, d.common, d.model));
+  const PlannedModel& reference = b.add(frozen_setup("reference", source, shape, false, policy.setup.dtype,
                                                      d.model.zero_stage, d.offload_reference_model));
   const PassShape pass{2 * d.per_device_train_batch_size, d.max_seq_len};
   b.append(inference_pass(reference.setup, reference.specs, pass, "reference log-probs"));
@@ -214,24 +232,29 @@ void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
 
 void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
   const rlhf::PpoConfig& p = c.step3;
-  const core::ModelConfig actor_shape = shape_of({p.actor_model_name_or_path, c.step1.model_name_or_path}, "step3");
+  std::string actor_source, critic_source;
+  const core::ModelConfig actor_shape =
+      shape_of({p.actor_model_name_or_path, c.step1.model_name_or_path}, "step3", &actor_source);
   const core::ModelConfig critic_shape = shape_of(
-      {p.critic_model_name_or_path, c.step2.model_name_or_path, c.reward_model, c.step1.model_name_or_path}, "step3");
-  ModelSetup actor_setup = trained_setup("actor", actor_shape, false, p.common, p.actor);
+      {p.critic_model_name_or_path, c.step2.model_name_or_path, c.reward_model, c.step1.model_name_or_path}, "step3",
+      &critic_source);
+  ModelSetup actor_setup = trained_setup("actor", actor_source, actor_shape, false, p.common, p.actor);
   actor_setup.quantize_frozen = p.enable_mixed_precision_lora && p.actor.zero_stage == 3;
   const PlannedModel& actor = b.add(actor_setup);
   const torch::ScalarType dtype = actor.setup.dtype;
   const PlannedModel& reference =
-      b.add(frozen_setup("reference", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model));
+      b.add(frozen_setup("reference", actor_source, actor_shape, false, dtype, p.actor.zero_stage,
+                         p.offload_reference_model));
   if (p.enable_ema) {  // resident only (updated after each step, never run); partitioned at ZeRO-3
-    ModelSetup e = frozen_setup("ema", actor_shape, false, dtype, p.actor.zero_stage, p.offload_reference_model);
+    ModelSetup e = frozen_setup("ema", actor_source, actor_shape, false, dtype, p.actor.zero_stage,
+                                p.offload_reference_model);
     e.lora_dim = p.actor.lora_dim;
     e.lora_module_name = p.actor.lora_module_name;
     b.add(e);
   }
-  const PlannedModel& critic = b.add(trained_setup("critic", critic_shape, true, p.common, p.critic));
-  const PlannedModel& reward =
-      b.add(frozen_setup("reward", critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
+  const PlannedModel& critic = b.add(trained_setup("critic", critic_source, critic_shape, true, p.common, p.critic));
+  const PlannedModel& reward = b.add(
+      frozen_setup("reward", critic_source, critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
   const int64_t rows_per_batch = p.per_device_generation_batch_size;
   check_tp(plan, p.inference_tp_size, b.world());
   check_continuous(plan, p);
@@ -260,23 +283,28 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
 
 void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
   const rlhf::GrpoConfig& g = c.step2_grpo;
-  const core::ModelConfig shape = shape_of({g.actor_model_name_or_path, c.step1.model_name_or_path}, "step2_grpo");
-  const PlannedModel& actor = b.add(trained_setup("actor", shape, false, g.common, g.actor));
+  std::string actor_source;
+  const core::ModelConfig shape =
+      shape_of({g.actor_model_name_or_path, c.step1.model_name_or_path}, "step2_grpo", &actor_source);
+  const PlannedModel& actor = b.add(trained_setup("actor", actor_source, shape, false, g.common, g.actor));
   const torch::ScalarType dtype = actor.setup.dtype;
   std::vector<const PlannedModel*> scorers;  // the builder keeps them
   if (g.kl_coef != 0.0) {
-    scorers.push_back(&b.add(frozen_setup("reference", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)));
+    scorers.push_back(&b.add(
+        frozen_setup("reference", actor_source, shape, false, dtype, g.actor.zero_stage, g.offload_reference_model)));
   }
   if (g.enable_ema) {  // resident only; partitioned (and offloaded with the reference) at ZeRO-3
-    ModelSetup e = frozen_setup("ema", shape, false, dtype, g.actor.zero_stage, g.offload_reference_model);
+    ModelSetup e = frozen_setup("ema", actor_source, shape, false, dtype, g.actor.zero_stage, g.offload_reference_model);
     e.lora_dim = g.actor.lora_dim;
     e.lora_module_name = g.actor.lora_module_name;
     b.add(e);
   }
   for (const rlhf::RewardSourceConfig& source : g.rewards) {
     if (source.type != rlhf::RewardSourceType::kRewardModel) continue;
-    const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards");
-    scorers.push_back(&b.add(frozen_setup("reward " + source.name, rm, true, dtype, g.actor.zero_stage, false)));
+    std::string rm_source;
+    const core::ModelConfig rm = shape_of({source.model, c.reward_model}, "step2_grpo: rewards", &rm_source);
+    scorers.push_back(
+        &b.add(frozen_setup("reward " + source.name, rm_source, rm, true, dtype, g.actor.zero_stage, false)));
   }
   const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
   check_tp(plan, g.inference_tp_size, b.world());
@@ -336,6 +364,13 @@ void settle(StepPlan& plan, const PlanOptions& options) {
     }
   }
   plan.peak_bytes = plan.resident_bytes + largest;
+  for (ModelSummary& model : plan.models) {
+    for (const MemoryItem& item : plan.items) {
+      if (item.model != model.role || !item.phase.empty()) continue;
+      model.resident_device_bytes += item.device_bytes;
+      model.resident_host_bytes += item.host_bytes;
+    }
+  }
   std::ostringstream why;
   why.precision(3);
   if (plan.peak_bytes > plan.usable_bytes) {

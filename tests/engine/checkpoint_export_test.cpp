@@ -212,6 +212,17 @@ TEST(CheckpointExport, TheCliWritesALoadableDirectoryInTheDtypeItSays) {
   for (const auto& [name, tensor] : exported) EXPECT_EQ(tensor.scalar_type(), torch::kBFloat16) << name;
   auto loaded = models::CausalLM(config);
   loaded->load_weights(exported, (run / "hf").string());  // dschat loads it (transformers: docs/toolkit.md)
+
+  // --save-format bin: the same tensors as one pytorch_model.bin (DeepSpeed-Chat's file).
+  ASSERT_EQ(testing::run_command(cli + " --dtype bf16 --save-format bin --output " + (run / "bin").string(), &output), 0)
+      << output;
+  EXPECT_TRUE(fs::exists(run / "bin" / "pytorch_model.bin"));
+  EXPECT_FALSE(fs::exists(run / "bin" / "model.safetensors"));
+  const io::TensorMap from_bin = io::load_state_dict(run / "bin");
+  ASSERT_EQ(from_bin.size(), exported.size());
+  for (const auto& [name, tensor] : exported) EXPECT_TRUE(torch::equal(from_bin.at(name), tensor)) << name;
+  EXPECT_NE(testing::run_command(cli + " --save-format pt --output " + (run / "pt").string(), &output), 0);
+  EXPECT_NE(output.find("--save-format"), std::string::npos) << output;
 }
 
 TEST(CheckpointExport, MissingCheckpointsAndBadDtypesAreClearErrors) {

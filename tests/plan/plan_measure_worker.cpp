@@ -6,7 +6,7 @@
 // Writes {"planned": {...}, "measured": {...}} to <out>.rank<r>.json.
 //
 // usage: dschat_plan_measure_worker --out F --model M --stage S [--offload] [--lora-dim N]
-//        [--checkpointing] [--batch B] [--seq T] [--gas G] [--timeout-ms T]
+//        [--checkpointing] [--batch B] [--seq T] [--gas G] [--cli-allocator] [--timeout-ms T]
 #include <malloc.h>
 
 #include <fstream>
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dschat/core/error.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/dist/process_group.h"
 #include "dschat/engine/zero_groups.h"
 #include "dschat/plan/step_plan.h"
@@ -50,6 +51,7 @@ struct Case {
   int64_t lora_dim = 0;
   bool checkpointing = false;
   int64_t batch = 4, seq = 32, gas = 2;
+  bool cli_allocator = false;  // the dschat CLI's malloc settings (core::retain_freed_host_memory)
 };
 
 nlohmann::json bytes_json(const engine::MemoryFootprint& f) {
@@ -57,9 +59,15 @@ nlohmann::json bytes_json(const engine::MemoryFootprint& f) {
 }
 
 int run(const Case& c, const std::string& out, int64_t timeout_ms) {
-  // Freed tensors go back to the OS at once, so RSS follows what is live.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  if (c.cli_allocator) {
+    // As `dschat train` runs: freed heap is kept for reuse, so the peak RSS is what the allocator
+    // grew to, not only what was live at once.
+    DSCHAT_CHECK(core::retain_freed_host_memory(), Error, "mallopt refused the CLI's settings");
+  } else {
+    // Freed tensors go back to the OS at once, so RSS follows what is live.
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  }
   rlhf::StepContext context;
   context.communicator = worker::join_job(timeout_ms);
   context.random_init = true;
@@ -153,6 +161,7 @@ int main(int argc, char** argv) {
       else if (flags.is("--batch")) c.batch = flags.int_value();
       else if (flags.is("--seq")) c.seq = flags.int_value();
       else if (flags.is("--gas")) c.gas = flags.int_value();
+      else if (flags.is("--cli-allocator")) c.cli_allocator = true;
       else if (flags.is("--timeout-ms")) timeout_ms = flags.int_value();
       else flags.unknown();
     }

@@ -1,6 +1,7 @@
 // `dschat export-hf --checkpoint DIR [--tag T] --output OUT [--dtype fp32|bf16|fp16]
-// [--model-dir M] [--keep-lora]`: consolidates a training checkpoint saved by any number of ranks
-// at any ZeRO stage into one Hugging Face model directory (DeepSpeed's zero_to_fp32.py).
+// [--model-dir M] [--save-format safetensors|bin] [--keep-lora]`: consolidates a training
+// checkpoint saved by any number of ranks at any ZeRO stage into one Hugging Face model directory
+// (DeepSpeed's zero_to_fp32.py).
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -22,6 +23,7 @@ struct ExportCommandOptions {
   std::string output;
   std::string dtype = "fp32";
   std::string model_dir;
+  std::string save_format = "safetensors";
   bool keep_lora = false;
 };
 
@@ -67,6 +69,7 @@ void run_export(const ExportCommandOptions& options) {
   export_options.dtype = core::parse_dtype(options.dtype, "--dtype");
   export_options.fuse_lora = !options.keep_lora;
   export_options.model_dir = model_dir_for(options);
+  export_options.format = io::parse_weights_format(options.save_format, "--save-format");
   const int64_t count = engine::export_hf_checkpoint(options.checkpoint, options.tag, options.output, export_options);
   std::cerr << "export-hf: wrote " << count << " tensors (" << options.dtype << ") to " << options.output << "\n";
 }
@@ -84,6 +87,10 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--dtype", options->dtype, "fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--model-dir", options->model_dir, "Copy config.json and tokenizer files from this model directory (default: the run's output "
                   "beside the checkpoint)");
+  cmd->add_option("--save-format", options->save_format,
+                  "safetensors (model.safetensors) or bin (pytorch_model.bin, what DeepSpeed-Chat loads)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"safetensors", "bin"}));
   cmd->add_flag("--keep-lora", options->keep_lora, "Keep LoRA adapters as separate tensors instead of fusing them");
   cmd->callback([options] { run_export(*options); });
 }

@@ -3,6 +3,7 @@
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "app/demo_report.h"
 #include "app/plan_command.h"
@@ -12,6 +13,7 @@
 #include "train_flags.h"
 #include "dschat/core/logging.h"
 #include "dschat/core/error.h"
+#include "dschat/plan/step_overview.h"
 #include "dschat/rlhf/trainers/pipeline.h"
 #include "dschat/rlhf/trainers/ppo_trainer.h"
 #include "dschat/rlhf/rewards/reward_diagnostics.h"
@@ -39,9 +41,10 @@ bool is_rank0(const rlhf::StepContext& context) {
   return !context.communicator || context.communicator->rank() == 0;
 }
 
-// The memory plan before anything is loaded: a step that will not fit stops the run here, with
-// the plan's table and the changes that make it fit.
-void check_plan(const rlhf::PipelineConfig& config) {
+// The memory plan before anything is loaded: a step that will not fit stops the run here (unless
+// --skip-plan), with the plan's table and the changes that make it fit. Null when a model's shape
+// is unknown (then nothing is checked).
+std::optional<plan::PipelinePlan> check_plan(const rlhf::PipelineConfig& config, bool refuse) {
   app::HardwareFlags hardware;
   hardware.count_rows = false;  // the fit, not the time: the datasets are read by the steps
   plan::PipelinePlan plan;
@@ -49,9 +52,9 @@ void check_plan(const rlhf::PipelineConfig& config) {
     plan = app::plan_for(config, hardware);
   } catch (const core::NotFound& e) {
     core::log_message(core::LogLevel::Warn, std::string("memory plan skipped: ") + e.what());
-    return;
+    return std::nullopt;
   }
-  if (plan.fits()) return;
+  if (plan.fits() || !refuse) return plan;
   if (app::launcher_local_rank() <= 0) std::cerr << plan::format_plan(plan) << std::flush;
   std::string failing;
   for (const plan::StepPlan& step : plan.steps) {
@@ -62,14 +65,27 @@ void check_plan(const rlhf::PipelineConfig& config) {
                           "(`dschat plan` prints them again); --skip-plan runs it anyway");
 }
 
+// Each step's start-of-run table (plan::step_overview), logged as the step starts and kept in
+// its training_summary.json.
+void add_step_overviews(const plan::PipelinePlan& plan, const rlhf::PipelineConfig& config,
+                        rlhf::StepContext& context) {
+  for (const plan::StepPlan& step : plan.steps) {
+    const auto& device = config.common_of(step.step).resolved_device;  // plan_train resolves every step's
+    const plan::StepOverview overview =
+        plan::step_overview(step, plan.options.hardware, device ? device->str() : "auto");
+    context.step_overviews[step.step] = {overview.text, overview.json};
+  }
+}
+
 void run_train(const TrainFlags& flags) {
   const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   if (flags.dry_run) {
     std::cout << app::describe_plan(plan) << std::flush;
     return;
   }
-  if (!flags.skip_plan) check_plan(plan.config);
+  const std::optional<plan::PipelinePlan> memory_plan = check_plan(plan.config, !flags.skip_plan);
   rlhf::StepContext context = make_context(flags, plan.config);
+  if (memory_plan) add_step_overviews(*memory_plan, plan.config, context);
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
   // The table compares SFT with the RL step's model on the task: not for the DPO pipeline.
   if (!plan.demo || !is_rank0(context) || plan.config.dpo()) return;
@@ -160,6 +176,10 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
   cmd.add_flag("--skip-plan", f.skip_plan,
                "Do not stop before loading when `dschat plan` says a step will not fit in memory");
+  cmd.add_option("--save-format", f.save_format,
+                 "Weights file of the saved models: safetensors (model.safetensors, default) or bin "
+                 "(pytorch_model.bin, what DeepSpeed-Chat's own steps load); replaces every step's \"save_format\"")
+      ->check(CLI::IsMember({"safetensors", "bin"}));
   cmd.add_option("--resume-from", f.resume_from,
                  "Checkpoint tag (global_step<N>) the first unfinished step resumes from, instead of its newest "
                  "intact one; later tags are moved aside as <tag>.superseded");

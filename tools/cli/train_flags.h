@@ -12,6 +12,7 @@ namespace cli {
 struct TrainFlags {
   app::TrainArguments args;
   std::string actor, reward, deployment, config_file, output_dir, init, tokenizer, device, resume_from, pipeline;
+  std::string save_format;
   bool no_progress = false;
   bool dry_run = false;
   bool skip_plan = false;
@@ -29,13 +30,14 @@ struct TrainFlags {
     set(out.tokenizer, tokenizer);
     set(out.device, device);
     set(out.pipeline, pipeline);
+    set(out.save_format, save_format);
     out.local_rank = app::launcher_local_rank();
     return out;
   }
 };
 
 /// --config, --output-dir, --init, --tokenizer, --data-path, --no-progress, --dry-run, --device,
-/// --skip-plan, --resume-from.
+/// --skip-plan, --resume-from, --save-format.
 void add_common_flags(CLI::App& cmd, TrainFlags& f);
 
 }  // namespace cli

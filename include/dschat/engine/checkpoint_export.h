@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "dschat/io/state_dict.h"
+
 namespace dschat {
 namespace engine {
 
@@ -31,6 +33,8 @@ struct ExportOptions {
   /// Unset, they keep dschat's module names, which are the HF names for OPT and the LLaMA family.
   std::filesystem::path model_dir;
   int64_t max_shard_bytes = int64_t{5} << 30;
+  /// model.safetensors (sharded above max_shard_bytes) or one pytorch_model.bin.
+  io::WeightsFormat format = io::WeightsFormat::kSafetensors;
 };
 
 /// The consolidated parameters of <checkpoint_dir>/<tag> (tag empty: the latest) by name.

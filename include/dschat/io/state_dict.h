@@ -43,6 +43,10 @@ void save_safetensors(const std::filesystem::path& file, const TensorMap& tensor
 /// keys stay shared; views keep their storage offset and strides.
 TensorMap load_torch_bin(const std::filesystem::path& file);
 
+/// Writes a state dict as torch.save does (a zip archive whose data.pkl uses only the globals
+/// torch.load(weights_only=True) allows), atomically. Each tensor gets its own storage.
+void save_torch_bin(const std::filesystem::path& file, const TensorMap& tensors);
+
 /// Loads every weight of a model directory in any of the layouts above (safetensors preferred
 /// when both exist). Throws core::NotFound listing the file names looked for.
 TensorMap load_state_dict(const std::filesystem::path& model_dir);
@@ -55,6 +59,21 @@ TensorMap load_state_dict(const std::filesystem::path& model_dir);
 /// a different layout are removed, so the directory always holds exactly one layout.
 void save_state_dict(const std::filesystem::path& model_dir, const TensorMap& tensors,
                      int64_t max_shard_bytes = int64_t{5} << 30, const Metadata& metadata = {});
+
+/// The file layout a model directory's weights are written in.
+enum class WeightsFormat {
+  kSafetensors,  // model.safetensors (sharded above max_shard_bytes): dschat's and transformers' default
+  kTorchBin,     // pytorch_model.bin, one file, as DeepSpeed-Chat's save_hf_format writes (its step 3
+                 // loads the reward model from exactly that file)
+};
+/// "safetensors" | "bin"; throws core::ConfigError naming `where` and the choices otherwise.
+WeightsFormat parse_weights_format(const std::string& name, const std::string& where);
+const char* weights_format_name(WeightsFormat format);
+
+/// save_state_dict in `format`. kTorchBin writes one pytorch_model.bin and removes the
+/// safetensors files and a .bin index an earlier save left (they would be read first).
+void save_state_dict(const std::filesystem::path& model_dir, const TensorMap& tensors, WeightsFormat format,
+                     int64_t max_shard_bytes = int64_t{5} << 30);
 
 }  // namespace io
 }  // namespace dschat

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "dschat/io/state_dict.h"
 #include "dschat/models/causal_lm.h"
 #include "dschat/models/value_head.h"
 
@@ -58,8 +59,10 @@ void save_value_model(ValueHeadModel& model, const std::filesystem::path& dir,
 /// Writes `state` (module names: a CausalLM's or ValueHeadModel's parameter names) with `config`
 /// into `dir` in the family's HF layout (models::to_hf_layout): weights first, config.json last, so
 /// a directory with a config.json always holds complete weights.
+/// `format`: model.safetensors (default) or pytorch_model.bin (DeepSpeed-Chat interop).
 void save_model_tensors(const NamedTensors& state, const core::ModelConfig& config,
-                        const std::filesystem::path& dir, int64_t max_shard_bytes = int64_t{5} << 30);
+                        const std::filesystem::path& dir, int64_t max_shard_bytes = int64_t{5} << 30,
+                        io::WeightsFormat format = io::WeightsFormat::kSafetensors);
 
 }  // namespace models
 }  // namespace dschat

@@ -2,7 +2,9 @@
 // A progress display for a loop of `total` steps.
 //   * On an interactive terminal (stderr is a tty): one line redrawn in place with "\r",
 //       "ppo [#########.....................] 37/100  12.3 s elapsed, ETA 21 s  reward 0.31"
-//     at most ten redraws a second (and always for the last step); finish() ends the line.
+//     at most ten redraws a second (and always for the last step); finish() ends the line. The
+//     line is the logger's status line (core::draw_status_line), so log lines written meanwhile
+//     appear above the bar instead of on its row.
 //   * Otherwise (log files, CI, pipes), or with force_plain: the same text as an info log line
 //     (dschat's logging, so it carries the level and rank prefixes) every `plain_interval` steps
 //     and at the end.

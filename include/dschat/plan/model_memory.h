@@ -19,6 +19,7 @@ namespace plan {
 /// How one model of a step is built and held.
 struct ModelSetup {
   std::string role;  // its label in the plan's tables: "actor", "reference", "critic", "reward", "ema", "model"
+  std::string source;  // where its weights come from (a directory, HF id or preset), for the tables
   core::ModelConfig config;
   bool value_head = false;  // reward/critic layout (backbone + v_head) instead of a causal LM
   torch::ScalarType dtype = torch::kFloat16;

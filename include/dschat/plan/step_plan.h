@@ -49,10 +49,19 @@ struct PlanOptions {
 
 struct ModelSummary {
   std::string role;
-  std::string shape;  // "opt-1.3b-like: 24 layers, hidden 2048, vocab 50272"
+  std::string shape;  // "24 layers, hidden 2048, vocab 50272"
   int64_t parameters = 0;
   int64_t trainable = 0;
   int zero_stage = 0;
+  std::string source;  // the model's directory, HF id or preset name
+  torch::ScalarType dtype = torch::kFloat16;
+  bool trained = false;
+  bool offload = false;
+  int64_t lora_dim = 0;
+  bool gradient_checkpointing = false;
+  // What this model holds for the whole step on one rank (parameters, gradients, optimizer state).
+  int64_t resident_device_bytes = 0;
+  int64_t resident_host_bytes = 0;
 };
 
 struct StepPlan {

@@ -115,6 +115,8 @@ void read_common(JsonObject& o, CommonStepConfig& c) {
   c.checkpoint_interval = read_min(o, "checkpoint_interval", c.checkpoint_interval, 0);
   c.keep_checkpoints = read_min(o, "keep_checkpoints", c.keep_checkpoints, 0);
   c.keep_last_checkpoint = o.get<bool>("keep_last_checkpoint", c.keep_last_checkpoint);
+  c.save_format = io::parse_weights_format(
+      read_choice(o, "save_format", io::weights_format_name(c.save_format), {"safetensors", "bin"}), o.where());
   c.async_checkpoint = o.get<bool>("async_checkpoint", c.async_checkpoint);
   c.print_interval = read_min(o, "print_interval", c.print_interval, 1);
   c.elastic_resume_allowed =

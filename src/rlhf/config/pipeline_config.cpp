@@ -55,10 +55,14 @@ const nlohmann::json& member(const nlohmann::json& json, const char* key) {
   return it == json.end() ? kNull : *it;
 }
 
-// The top-level device is each step's default: a step block's own "device" wins.
-nlohmann::json with_device(const nlohmann::json& block, const std::string& device) {
+// The top-level keys that are each step's defaults ("device", "save_format"): a step block's own
+// key wins.
+nlohmann::json with_step_defaults(const nlohmann::json& block, const nlohmann::json& defaults) {
   nlohmann::json out = block.is_null() ? nlohmann::json::object() : block;
-  if (out.is_object() && !out.contains("device")) out["device"] = device;
+  if (!out.is_object()) return out;
+  for (const auto& [key, value] : defaults.items()) {
+    if (!out.contains(key)) out[key] = value;
+  }
   return out;
 }
 
@@ -163,6 +167,10 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   c.device = o.get<std::string>("device", c.device);
   DSCHAT_CHECK(core::is_device_name(c.device), ConfigError, o.at("device"), ": '", c.device,
                "' is not a device (auto, cpu, cuda or cuda:N)");
+  nlohmann::json step_defaults = {{"device", c.device}};
+  if (o.has("save_format")) {
+    step_defaults["save_format"] = read_one_of(o, "save_format", "safetensors", {"safetensors", "bin"});
+  }
   c.output_dir = o.get<std::string>("output_dir", c.output_dir);
   DSCHAT_CHECK(!c.output_dir.empty(), ConfigError, o.at("output_dir"), " must not be empty");
   c.init = read_one_of(o, "init", c.init, {"pretrained", "random"});
@@ -184,14 +192,14 @@ PipelineConfig parse_pipeline_config(const nlohmann::json& json, const std::stri
   o.finish();
 
   DataConfig data = parse_data_config(member(json, "data"), where + ": data");
-  c.step1 = parse_sft_config(with_device(member(json, "step1"), c.device), where + ": step1", data);
-  c.step2 = parse_reward_config(with_device(member(json, "step2"), c.device), where + ": step2", data);
-  c.step3 = parse_ppo_config(with_device(member(json, "step3"), c.device), where + ": step3", data);
-  c.step2_dpo = parse_dpo_config(with_device(member(json, "step2_dpo"), c.device), where + ": step2_dpo", data);
+  c.step1 = parse_sft_config(with_step_defaults(member(json, "step1"), step_defaults), where + ": step1", data);
+  c.step2 = parse_reward_config(with_step_defaults(member(json, "step2"), step_defaults), where + ": step2", data);
+  c.step3 = parse_ppo_config(with_step_defaults(member(json, "step3"), step_defaults), where + ": step3", data);
+  c.step2_dpo = parse_dpo_config(with_step_defaults(member(json, "step2_dpo"), step_defaults), where + ": step2_dpo", data);
   // The pipeline names the estimator (sft-grpo: grpo); the block's defaults follow it.
   const std::string estimator = c.critic_free() ? c.pipeline.substr(4) : "";
   c.step2_grpo =
-      parse_grpo_config(with_device(member(json, "step2_grpo"), c.device), where + ": step2_grpo", data, estimator);
+      parse_grpo_config(with_step_defaults(member(json, "step2_grpo"), step_defaults), where + ": step2_grpo", data, estimator);
   const bool runs_grpo = c.critic_free() && std::find(c.steps.begin(), c.steps.end(), 2) != c.steps.end();
   DSCHAT_CHECK(!runs_grpo || !c.step2_grpo.rewards.empty(), ConfigError, where,
                ": step2_grpo: key 'rewards' is required by the ", c.pipeline,

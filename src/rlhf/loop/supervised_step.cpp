@@ -20,7 +20,8 @@ StepOpening::StepOpening(const std::string& where, const std::filesystem::path& 
                          const CommonStepConfig& common, const StepContext& context, const std::string& model_path)
     : setup_sync(std::in_place, "step setup (models, engines, data)"),
       runner(where, output_dir, common, context),
-      tokenizer(seed_then_load_tokenizer(common, context, model_path)) {}
+      tokenizer(seed_then_load_tokenizer(common, context, model_path)),
+      save_format(common.save_format) {}
 
 SupervisedData load_supervised_data(const DataConfig& data, int phase_number, const CommonStepConfig& common,
                                     int64_t max_seq_len, const std::string& eot_text, int64_t micro,

@@ -37,6 +37,7 @@ struct StepOpening {
   StepRunner runner;
   tokenizer::Tokenizer tokenizer;
   nlohmann::json chat_format;  // SFT: the data's conversation format, saved with the model (sft_chat_format)
+  io::WeightsFormat save_format;  // the step's save_format
 };
 
 /// A supervised step's epochs: the phase's split, this rank's sampler over train, and the
@@ -90,7 +91,8 @@ std::function<void()> final_save(Result& result, const StepOpening& open, engine
     result.optimizer_steps = engine.global_steps();
     result.seconds = core::seconds_since(open.start);
     if (announce) core::log_info("saving the final model ...");
-    save_trained_model(engine, model_config, open.tokenizer, output_dir, result.to_json(), context, open.chat_format);
+    save_trained_model(engine, model_config, open.tokenizer, output_dir, result.to_json(), context, open.chat_format,
+                       open.save_format);
   };
 }
 

@@ -230,7 +230,8 @@ std::map<std::string, torch::Tensor> ema_parameters(RlhfModels& models) {
 }
 
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
-                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init) {
+                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init,
+                     io::WeightsFormat format) {
   auto actor_params = trained_parameters(models.actor->training_engine(), context);
   std::map<std::string, torch::Tensor> critic_params;
   if (models.critic_engine) critic_params = trained_parameters(*models.critic_engine, context);
@@ -241,10 +242,12 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
   if (context_rank(context) == 0) {
     const std::filesystem::path staging = staging_dir_for(output_dir);
     write_staged(staging, [&] {
-      write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor");
-      if (models.critic) write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic");
+      write_model_dir(actor_params, models.actor->actor()->config(), tokenizer, staging / "actor", format);
+      if (models.critic) {
+        write_model_dir(critic_params, models.critic->config(), tokenizer, staging / "critic", format);
+      }
       if (models.has_ema()) {
-        write_model_dir(ema_params, models.actor->actor()->config(), tokenizer, staging / "actor_ema");
+        write_model_dir(ema_params, models.actor->actor()->config(), tokenizer, staging / "actor_ema", format);
       }
       const std::filesystem::path format = std::filesystem::path(actor_init) / data::kChatFormatFile;
       if (std::filesystem::is_regular_file(format)) {
@@ -255,7 +258,7 @@ void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, 
           }
         }
       }
-      commit_step_output(staging, output_dir, summary);
+      commit_step_output(staging, output_dir, summary, context);
     });
   }
   if (context.communicator) context.communicator->barrier();

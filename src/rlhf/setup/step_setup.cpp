@@ -273,8 +273,8 @@ std::map<std::string, torch::Tensor> module_parameters(torch::nn::Module& module
 }
 
 void write_model_dir(const std::map<std::string, torch::Tensor>& params, const core::ModelConfig& config,
-                     const tokenizer::Tokenizer& tokenizer, const fs::path& dir) {
-  models::save_model_tensors(params, config, dir);
+                     const tokenizer::Tokenizer& tokenizer, const fs::path& dir, io::WeightsFormat format) {
+  models::save_model_tensors(params, config, dir, int64_t{5} << 30, format);
   std::error_code ec;
   // The tokenizer's files, and the conversation format the model it came with was trained in
   // (step 3's actor keeps its SFT model's).
@@ -308,8 +308,11 @@ void write_staged(const fs::path& staging, const std::function<void()>& write) {
   }
 }
 
-void commit_step_output(const fs::path& staging, const fs::path& dir, const nlohmann::json& summary) {
-  io::write_file_atomically(staging / "training_summary.json", summary.dump(2) + "\n");
+void commit_step_output(const fs::path& staging, const fs::path& dir, const nlohmann::json& summary,
+                        const StepContext& context) {
+  nlohmann::json written = summary;
+  if (!context.run_overview.is_null()) written["run_overview"] = context.run_overview;
+  io::write_file_atomically(staging / "training_summary.json", written.dump(2) + "\n");
   io::remove_directory_tree(dir);
   std::error_code ec;
   fs::rename(staging, dir, ec);
@@ -319,17 +322,17 @@ void commit_step_output(const fs::path& staging, const fs::path& dir, const nloh
 
 void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig& config,
                         const tokenizer::Tokenizer& tokenizer, const fs::path& dir, const nlohmann::json& summary,
-                        const StepContext& context, const nlohmann::json& chat_format) {
+                        const StepContext& context, const nlohmann::json& chat_format, io::WeightsFormat format) {
   std::map<std::string, torch::Tensor> params = trained_parameters(engine, context);
   check_step_output(params, engine.global_steps() - engine.skipped_steps(), dir, context);
   if (context_rank(context) == 0) {
     const fs::path staging = staging_dir_for(dir);
     write_staged(staging, [&] {
-      write_model_dir(params, config, tokenizer, staging);
+      write_model_dir(params, config, tokenizer, staging, format);
       if (!chat_format.is_null()) {
         io::write_file_atomically(staging / data::kChatFormatFile, chat_format.dump(2) + "\n");
       }
-      commit_step_output(staging, dir, summary);
+      commit_step_output(staging, dir, summary, context);
     });
   }
   if (context.communicator) context.communicator->barrier();

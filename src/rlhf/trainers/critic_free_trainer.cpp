@@ -96,7 +96,8 @@ class CriticFreeAlgorithm : public PolicyAlgorithm {
   void save_outputs(int64_t steps) override {
     result_.steps = steps;
     result_.seconds = seconds_since(start_);
-    save_rl_outputs(models_, tokenizer_, config_.output_dir, result_.to_json(), context_, config_.actor_model_name_or_path);
+    save_rl_outputs(models_, tokenizer_, config_.output_dir, result_.to_json(), context_, config_.actor_model_name_or_path,
+                  config_.common.save_format);
   }
 
  private:

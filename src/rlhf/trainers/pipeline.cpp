@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 
 #include "core/log.h"
 #include "dschat/monitor/guardian.h"
@@ -90,8 +91,16 @@ PipelineResult run_pipeline(const PipelineConfig& config, const StepContext& con
     const auto step_start = Clock::now();
     StepContext step_context = context;
     if (!ran.empty()) step_context.resume_from.clear();  // --resume-from names the first step's tag
+    if (auto overview = context.step_overviews.find(step); overview != context.step_overviews.end()) {
+      step_context.run_overview = overview->second.json;
+      if (context_rank(context) == 0) {
+        std::istringstream lines(overview->second.text);
+        for (std::string line; std::getline(lines, line);) core::log_info(line);
+      }
+    }
     try {
       run_step(config, step, step_context, result);
+      if (!step_context.run_overview.is_null()) result.summaries[key]["run_overview"] = step_context.run_overview;
     } catch (const Interrupted&) {
       throw;  // these three messages already say where the run resumes, or which checkpoints stay
     } catch (const StepFailed&) {

@@ -231,7 +231,8 @@ void PpoAlgorithm::save_outputs(int64_t steps) {
   const int64_t sequences = steps * config_.per_device_generation_batch_size * config_.generation_batches *
                             context_world(context_);
   result_.sequences_per_second = busy > 0.0 ? static_cast<double>(sequences) / busy : 0.0;
-  save_rl_outputs(models_, tokenizer_, config_.output_dir, result_.to_json(), context_, config_.actor_model_name_or_path);
+  save_rl_outputs(models_, tokenizer_, config_.output_dir, result_.to_json(), context_, config_.actor_model_name_or_path,
+                  config_.common.save_format);
 }
 
 PolicyLoopSettings ppo_loop_settings(const PpoConfig& config) {

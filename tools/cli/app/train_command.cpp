@@ -122,6 +122,12 @@ nlohmann::json plan_json(const TrainArguments& args, const fs::path& source_dir)
       if (json.contains(step) && json[step].is_object()) json[step].erase("device");
     }
   }
+  if (args.save_format) {
+    json["save_format"] = *args.save_format;
+    for (const std::string& step : step_block_names()) {
+      if (json.contains(step) && json[step].is_object()) json[step].erase("save_format");
+    }
+  }
   if (args.output_dir) json["output_dir"] = *args.output_dir;
   if (args.init) json["init"] = *args.init;
   if (args.collective_timeout_seconds) json["collective_timeout_seconds"] = *args.collective_timeout_seconds;

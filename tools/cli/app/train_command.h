@@ -21,6 +21,7 @@ namespace app {
 
 struct TrainArguments {
   std::optional<std::string> actor, reward, deployment, config_file, output_dir, init, tokenizer, device, pipeline;
+  std::optional<std::string> save_format;  // --save-format: replaces every step's "save_format"
   /// The launcher's LOCAL_RANK (-1: not launched), for resolving "auto"/"cuda".
   int64_t local_rank = -1;
   std::vector<int> steps;

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dschat/hybrid/lora_fuse_backup.h"
+#include "dschat/io/state_dict.h"
 #include "dschat/monitor/guardian.h"
 #include "dschat/rlhf/math/critic_free.h"
 #include "dschat/rlhf/math/ppo_math.h"
@@ -91,6 +92,10 @@ struct CommonStepConfig {
   /// ckpt` and `export-hf` work after a run and training can go on from it; false deletes it too.
   /// Tags a resume found damaged (<tag>.corrupt) stay either way.
   bool keep_last_checkpoint = true;
+  /// Ours: the saved model's weights file: "safetensors" (model.safetensors) or "bin"
+  /// (pytorch_model.bin, what DeepSpeed-Chat's steps load). A top-level "save_format" is every
+  /// step's default.
+  io::WeightsFormat save_format = io::WeightsFormat::kSafetensors;
   /// Ours: write checkpoints on a background thread from a host snapshot while training goes on
   /// (false: training waits for each write).
   bool async_checkpoint = true;

@@ -3,8 +3,11 @@
 // are initialised, where the tokenizer is, the stop flag that Ctrl-C raises, and the reward
 // functions a C++ caller registers.
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "dschat/core/error.h"
 #include "dschat/dist/process_group.h"
@@ -34,6 +37,16 @@ struct StepContext {
   std::string resume_from;
   /// The C++ reward functions the critic-free step's "callback" reward sources name.
   RewardCallbacks reward_callbacks;
+  /// What a step runs with, by step number (1, 2, 3): run_pipeline logs `text` (rank 0) as the
+  /// step starts and the step stores `json` in its training_summary.json as "run_overview".
+  /// `dschat train` fills it from the memory plan (plan::step_overview); empty: no table.
+  struct Overview {
+    std::string text;
+    nlohmann::json json;
+  };
+  std::map<int, Overview> step_overviews;
+  /// The running step's overview JSON (run_pipeline sets it from step_overviews); null: none.
+  nlohmann::json run_overview;
 
   bool stopping() const { return stop_requested != nullptr && stop_requested->load(); }
 };

@@ -117,8 +117,10 @@ void load_ema_checkpoint(RlhfModels& models, const std::filesystem::path& ema_di
 /// actor_ema where they exist), assembled beside it and renamed into place with `summary`. The
 /// actor and its EMA keep the conversation format their initial model recorded
 /// (`actor_init`/data::kChatFormatFile, the SFT output's), so `dschat chat` prompts them as trained.
+/// `format`: the weights files (the step's save_format).
 void save_rl_outputs(RlhfModels& models, const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& output_dir,
-                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init);
+                     const nlohmann::json& summary, const StepContext& context, const std::string& actor_init,
+                     io::WeightsFormat format);
 
 /// ema <- lerp(actor, ema, beta) for every parameter (at ZeRO-3 partition by partition: nothing
 /// is gathered).

@@ -130,9 +130,11 @@ std::map<std::string, torch::Tensor> trained_parameters(engine::TrainingEngine& 
 /// A plain module's parameters with LoRA fused, on the CPU (the EMA actor, frozen models).
 std::map<std::string, torch::Tensor> module_parameters(torch::nn::Module& module);
 
-/// Writes a Hugging Face model directory: `params` with `config`, and the tokenizer files.
+/// Writes a Hugging Face model directory: `params` with `config` (weights in `format`), and the
+/// tokenizer files.
 void write_model_dir(const std::map<std::string, torch::Tensor>& params, const core::ModelConfig& config,
-                     const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& dir);
+                     const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& dir,
+                     io::WeightsFormat format = io::WeightsFormat::kSafetensors);
 
 /// "<dir>.saving.<pid>": where a step's output is assembled before commit_step_output.
 std::filesystem::path staging_dir_for(const std::filesystem::path& dir);
@@ -141,10 +143,11 @@ std::filesystem::path staging_dir_for(const std::filesystem::path& dir);
 /// removes what it left in `staging` and rethrows, so no "<dir>.saving.<pid>" stays behind.
 void write_staged(const std::filesystem::path& staging, const std::function<void()>& write);
 
-/// Writes `summary` as <staging>/training_summary.json, then replaces `dir` with `staging` (a
-/// crash leaves the old directory or none, never a half-written one).
+/// Writes `summary` (with the context's run_overview, when it has one) as
+/// <staging>/training_summary.json, then replaces `dir` with `staging` (a crash leaves the old
+/// directory or none, never a half-written one).
 void commit_step_output(const std::filesystem::path& staging, const std::filesystem::path& dir,
-                        const nlohmann::json& summary);
+                        const nlohmann::json& summary, const StepContext& context);
 
 /// Collective: trained_parameters, the output gate (rlhf/setup/output_gate.h: a diverged or untrained
 /// model throws StepFailed on every rank), write_model_dir + commit_step_output by rank 0 (one
@@ -153,7 +156,8 @@ void commit_step_output(const std::filesystem::path& staging, const std::filesys
 void save_trained_model(engine::TrainingEngine& engine, const core::ModelConfig& config,
                         const tokenizer::Tokenizer& tokenizer, const std::filesystem::path& dir,
                         const nlohmann::json& summary, const StepContext& context,
-                        const nlohmann::json& chat_format = nullptr);
+                        const nlohmann::json& chat_format = nullptr,
+                        io::WeightsFormat format = io::WeightsFormat::kSafetensors);
 
 /// The conversation format of an SFT phase's data (data::infer_chat_format on its first train
 /// sample, decoded), or null when its text has no "Human: ... Assistant:" turn.
