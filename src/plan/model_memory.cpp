@@ -65,6 +65,17 @@ int64_t outer_bytes(const std::vector<engine::ParameterSpec>& specs) {
   return bytes;
 }
 
+// The trainable bytes of the largest gradient group: a decoder layer's, or the parameters outside
+// the layers (a LoRA base's frozen weights get no gradients, so they do not count).
+int64_t largest_trainable_group_bytes(const std::vector<engine::ParameterSpec>& specs) {
+  std::unordered_map<int64_t, int64_t> per_group;  // layer index; -1: outside the layers
+  int64_t largest = 0;
+  for (const auto& p : specs) {
+    if (p.trainable) largest = std::max(largest, per_group[p.layer] += p.numel * element_bytes_of(p.dtype));
+  }
+  return largest;
+}
+
 int64_t trainable_bytes(const std::vector<engine::ParameterSpec>& specs, int64_t element_bytes) {
   return trainable_parameters(specs) * element_bytes;
 }
@@ -216,7 +227,7 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
   if (setup.zero_stage < 2 && gradient_accumulation_steps > 1) {
     in_flight = trainable * s;
   } else {
-    in_flight = std::min(trainable * s, std::max(layer_bytes(specs), outer_bytes(specs)));
+    in_flight = std::min(trainable * s, largest_trainable_group_bytes(specs));
   }
   if (setup.zero_stage == 2 && world > 1) {
     constexpr int64_t kReduceBucketElements = 500000000;
@@ -228,7 +239,7 @@ std::vector<MemoryItem> training_pass(const ModelSetup& setup, const std::vector
   if (setup.zero_stage == 3 && trainable > 0) {
     // Each group is reduced as its backward ends: its fp32 flat gradient buffer next to its
     // model-dtype gradients (or, on gloo, the receive buffer of its reduce-scatter).
-    in_flight += std::max(layer_bytes(specs), outer_bytes(specs)) * 4 / s;
+    in_flight += largest_trainable_group_bytes(specs) * 4 / s;
   }
   items.push_back({m, "gradients in flight", phase, in_flight, 0});
   if (setup.zero_stage == 3) {

@@ -197,7 +197,26 @@ void check_continuous(StepPlan& plan, const rlhf::PolicyStepConfig& policy) {
   }
 }
 
-void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int step, int64_t rows) {
+// The max_seq_len of a step that pads its rows to the batch's longest (0: one that does not).
+int64_t supervised_max_seq_len(const rlhf::PipelineConfig& c, int step) {
+  switch (c.kind_of(step)) {
+    case rlhf::StepKind::kSft: return c.step1.max_seq_len;
+    case rlhf::StepKind::kRewardModel: return c.step2.max_seq_len;
+    case rlhf::StepKind::kDpo: return c.step2_dpo.max_seq_len;
+    default: return 0;
+  }
+}
+
+// The tokens a supervised pass is padded to: the longest row when the data was read.
+int64_t padded_tokens(StepPlan& plan, int64_t max_seq_len, int64_t longest_row) {
+  if (longest_row <= 0 || longest_row >= max_seq_len) return max_seq_len;
+  plan.steps_note += "; rows padded to at most " + std::to_string(longest_row) + " tokens (the data's longest; max_seq_len " +
+                     std::to_string(max_seq_len) + ")";
+  return longest_row;
+}
+
+void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int step, int64_t rows,
+                     int64_t longest_row) {
   const bool sft = plan.kind == rlhf::StepKind::kSft;
   const rlhf::CommonStepConfig& common = c.common_of(step);
   const auto& model = sft ? c.step1.model : c.step2.model;
@@ -207,7 +226,7 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
           : shape_of({c.step2.model_name_or_path, c.step1.model_name_or_path}, "step2", &source);
   const int64_t batch = sft ? c.step1.per_device_train_batch_size : c.step2.per_device_train_batch_size;
   const int64_t eval_batch = sft ? c.step1.per_device_eval_batch_size : c.step2.per_device_eval_batch_size;
-  const int64_t seq = sft ? c.step1.max_seq_len : c.step2.max_seq_len;
+  const int64_t seq = padded_tokens(plan, sft ? c.step1.max_seq_len : c.step2.max_seq_len, longest_row);
   const int64_t rows_per_pass = sft ? 1 : 2;  // the reward model scores chosen and rejected together
   const PlannedModel& m = b.add(trained_setup(sft ? "model" : "reward model", source, shape, !sft, common, model));
   b.append(training_pass(m.setup, m.specs, {batch * rows_per_pass, seq}, b.world(), common.gradient_accumulation_steps,
@@ -216,14 +235,14 @@ void plan_supervised(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig&
   apply_time(plan, supervised_time(m.setup, {batch * rows_per_pass, seq}, common, rows, batch, 0.0, b.time()));
 }
 
-void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows) {
+void plan_dpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int64_t rows, int64_t longest_row) {
   const rlhf::DpoConfig& d = c.step2_dpo;
   std::string source;
   const core::ModelConfig shape = shape_of({d.model_name_or_path, c.step1.model_name_or_path}, "step2_dpo", &source);
   const PlannedModel& policy = b.add(trained_setup("policy", source, shape, false, d.common, d.model));
   const PlannedModel& reference = b.add(frozen_setup("reference", source, shape, false, policy.setup.dtype,
                                                      d.model.zero_stage, d.offload_reference_model));
-  const PassShape pass{2 * d.per_device_train_batch_size, d.max_seq_len};
+  const PassShape pass{2 * d.per_device_train_batch_size, padded_tokens(plan, d.max_seq_len, longest_row)};
   b.append(inference_pass(reference.setup, reference.specs, pass, "reference log-probs"));
   b.append(training_pass(policy.setup, policy.specs, pass, b.world(), d.common.gradient_accumulation_steps, "train"));
   apply_time(plan, supervised_time(policy.setup, pass, d.common, rows, d.per_device_train_batch_size,
@@ -386,17 +405,19 @@ void settle(StepPlan& plan, const PlanOptions& options) {
 
 }  // namespace
 
-StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptions& options, int64_t rows) {
+StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptions& options, int64_t rows,
+                   int64_t longest_row) {
   StepPlan plan;
   plan.step = step;
+  plan.longest_row = longest_row;
   plan.kind = config.kind_of(step);
   plan.block = rlhf::step_block_name(plan.kind);
   plan.steps_note = rows < 0 ? "data not counted" : std::to_string(rows) + " rows in the phase";
   StepBuilder builder(plan, options);
   switch (plan.kind) {
     case rlhf::StepKind::kSft:
-    case rlhf::StepKind::kRewardModel: plan_supervised(builder, plan, config, step, rows); break;
-    case rlhf::StepKind::kDpo: plan_dpo(builder, plan, config, rows); break;
+    case rlhf::StepKind::kRewardModel: plan_supervised(builder, plan, config, step, rows, longest_row); break;
+    case rlhf::StepKind::kDpo: plan_dpo(builder, plan, config, rows, longest_row); break;
     case rlhf::StepKind::kPpo: plan_ppo(builder, plan, config, rows); break;
     case rlhf::StepKind::kCriticFree: plan_grpo(builder, plan, config, rows); break;
   }
@@ -416,7 +437,12 @@ PipelinePlan plan_pipeline(const rlhf::PipelineConfig& config, const PlanOptions
     const int64_t rows = options.dataset_rows >= 0 ? split_phase_rows(config, step, options.dataset_rows)
                          : options.count_rows    ? count_phase_rows(config, step)
                                                  : -1;
-    plan.steps.push_back(plan_step(config, step, plan.options, rows));
+    // The data's longest row, when the data is here to be read (not with --dataset-rows).
+    const int64_t max_seq_len = supervised_max_seq_len(config, step);
+    const int64_t longest = options.count_rows && options.dataset_rows < 0 && max_seq_len > 0
+                                ? longest_row_tokens(config, step, max_seq_len)
+                                : -1;
+    plan.steps.push_back(plan_step(config, step, plan.options, rows, longest));
   }
   plan.suggestions = suggest_changes(config, plan);
   return plan;

@@ -151,7 +151,7 @@ std::vector<Change> candidate_changes(const rlhf::PipelineConfig& config, const 
 
 Suggestion evaluate(const rlhf::PipelineConfig& changed, const StepPlan& step, const PlanOptions& options,
                     const std::string& what, const nlohmann::json& patch) {
-  const StepPlan planned = plan_step(changed, step.step, options, -1);
+  const StepPlan planned = plan_step(changed, step.step, options, -1, step.longest_row);
   return {what, patch, planned.peak_bytes, planned.seconds_per_step, planned.fits};
 }
 
@@ -177,7 +177,8 @@ std::optional<Suggestion> combine_changes(const rlhf::PipelineConfig& config, co
       if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) continue;
       std::vector<size_t> trial = chosen;
       trial.push_back(i);
-      const StepPlan planned = plan_step(with_changes(config, changes, trial), step.step, options, -1);
+      const StepPlan planned =
+          plan_step(with_changes(config, changes, trial), step.step, options, -1, step.longest_row);
       const std::pair<bool, int64_t> score{!planned.config_problem.empty(), planned.peak_bytes};
       if (score < best_score) {
         best_score = score;
@@ -186,13 +187,15 @@ std::optional<Suggestion> combine_changes(const rlhf::PipelineConfig& config, co
     }
     if (best < 0) break;
     chosen.push_back(static_cast<size_t>(best));
-    fits = plan_step(with_changes(config, changes, chosen), step.step, options, -1).fits;
+    fits = plan_step(with_changes(config, changes, chosen), step.step, options, -1, step.longest_row).fits;
   }
   if (!fits) return std::nullopt;
   for (size_t k = chosen.size(); k-- > 0;) {
     std::vector<size_t> without = chosen;
     without.erase(without.begin() + static_cast<std::ptrdiff_t>(k));
-    if (plan_step(with_changes(config, changes, without), step.step, options, -1).fits) chosen = without;
+    const bool fits_without =
+        plan_step(with_changes(config, changes, without), step.step, options, -1, step.longest_row).fits;
+    if (fits_without) chosen.erase(chosen.begin() + static_cast<std::ptrdiff_t>(k));
   }
   std::string what;
   nlohmann::json patch = nlohmann::json::object();

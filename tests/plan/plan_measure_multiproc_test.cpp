@@ -82,7 +82,10 @@ INSTANTIATE_TEST_SUITE_P(
                       MeasureCase{"Opt125mZero2OffloadTwoRanks", "opt-125m", 2, 2, true, 0, false, 2, 64},
                       MeasureCase{"Opt125mZero1LoraFourRanks", "opt-125m", 4, 1, false, 16, false, 2, 64},
                       MeasureCase{"Opt125mZero3CheckpointingFourRanks", "opt-125m", 4, 3, false, 0, true, 2, 64},
-                      MeasureCase{"Opt350mZero3TwoRanks", "opt-350m", 2, 3, false, 0, false, 1, 64}),
+                      MeasureCase{"Opt350mZero3TwoRanks", "opt-350m", 2, 3, false, 0, false, 1, 64},
+                      MeasureCase{"DemoZero1LongerRowsTwoRanks", "demo", 2, 1, false, 0, false, 8, 64},
+                      MeasureCase{"Opt125mZero2LongerRowsTwoRanks", "opt-125m", 2, 2, false, 0, false, 2, 128},
+                      MeasureCase{"Opt125mZero3LoraCheckpointingTwoRanks", "opt-125m", 2, 3, false, 8, true, 4, 64}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -87,6 +87,7 @@ struct StepPlan {
   int64_t steps = -1;           // per epoch × epochs; -1 when the data could not be counted
   double total_seconds = -1;
   std::string steps_note;       // how the step count was found
+  int64_t longest_row = -1;     // plan_step's longest_row (re-plans of this step pass it on)
 };
 
 struct Suggestion {
@@ -111,7 +112,10 @@ struct PipelinePlan {
 PipelinePlan plan_pipeline(const rlhf::PipelineConfig& config, const PlanOptions& options);
 
 /// One step alone (what plan_pipeline does for each); `rows`: the phase's rows, -1 unknown.
-StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptions& options, int64_t rows);
+/// `longest_row`: SFT, reward and DPO steps pad each batch to its longest row, so their passes are
+/// planned at min(max_seq_len, longest_row) tokens; -1: at max_seq_len (the data not read).
+StepPlan plan_step(const rlhf::PipelineConfig& config, int step, const PlanOptions& options, int64_t rows,
+                   int64_t longest_row = -1);
 
 /// The cheapest changes that make each failing step fit, each re-planned, best (fastest) first.
 std::vector<Suggestion> suggest_changes(const rlhf::PipelineConfig& config, const PipelinePlan& plan);
