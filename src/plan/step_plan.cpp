@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dschat/core/error.h"
+#include "dschat/core/host_memory.h"
 #include "dschat/inference/continuous_engine.h"
 #include "dschat/inference/tensor_parallel.h"
 #include "dschat/io/model_source.h"
@@ -383,6 +384,12 @@ void settle(StepPlan& plan, const PlanOptions& options) {
     }
   }
   plan.peak_bytes = plan.resident_bytes + largest;
+  if (hw.cpu && options.host_block_cache) {
+    const int64_t kept = plan.peak_bytes / core::HostBlockCache::kSlackDivisor;
+    plan.items.push_back({"process", "host block cache: free blocks kept for reuse (1/8 of the live peak)", "", kept, 0});
+    plan.resident_bytes += kept;
+    plan.peak_bytes += kept;
+  }
   for (ModelSummary& model : plan.models) {
     for (const MemoryItem& item : plan.items) {
       if (item.model != model.role || !item.phase.empty()) continue;

@@ -27,6 +27,7 @@ struct MeasureCase {
   bool checkpointing = false;
   int batch = 4;
   int seq = 32;
+  bool cli_allocator = false;  // the dschat CLI's allocator (core::HostBlockCache), planned with it
 };
 
 class PlanMeasureMultiproc : public ::testing::TestWithParam<MeasureCase> {};
@@ -44,6 +45,7 @@ TEST_P(PlanMeasureMultiproc, PlannedBytesAndPeakMatchTheEngine) {
                "--lora-dim", std::to_string(c.lora_dim), "--timeout-ms", "300000"};
   if (c.offload) spec.argv.push_back("--offload");
   if (c.checkpointing) spec.argv.push_back("--checkpointing");
+  if (c.cli_allocator) spec.argv.push_back("--cli-allocator");
   spec.world_size = c.ranks;
   spec.deadline = std::chrono::seconds(240);  // 4 ranks of opt-125m at ZeRO 3 share 2 cores
   const testing::JobOutcome job = testing::run_rank_job(spec);
@@ -85,7 +87,11 @@ INSTANTIATE_TEST_SUITE_P(
                       MeasureCase{"Opt350mZero3TwoRanks", "opt-350m", 2, 3, false, 0, false, 1, 64},
                       MeasureCase{"DemoZero1LongerRowsTwoRanks", "demo", 2, 1, false, 0, false, 8, 64},
                       MeasureCase{"Opt125mZero2LongerRowsTwoRanks", "opt-125m", 2, 2, false, 0, false, 2, 128},
-                      MeasureCase{"Opt125mZero3LoraCheckpointingTwoRanks", "opt-125m", 2, 3, false, 8, true, 4, 64}),
+                      MeasureCase{"Opt125mZero3LoraCheckpointingTwoRanks", "opt-125m", 2, 3, false, 8, true, 4, 64},
+                      MeasureCase{"CliAllocatorDemoZero1TwoRanks", "demo", 2, 1, false, 0, false, 8, 64, true},
+                      MeasureCase{"CliAllocatorOpt125mZero2TwoRanks", "opt-125m", 2, 2, false, 0, false, 2, 128, true},
+                      MeasureCase{"CliAllocatorOpt125mZero3LoraCheckpointingTwoRanks", "opt-125m", 2, 3, false, 8, true,
+                                  4, 64, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

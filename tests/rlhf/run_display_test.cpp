@@ -95,10 +95,11 @@ TEST(RunDisplay, OnATerminalTheBarRedrawsInPlaceBelowTheLogLines) {
   for (const std::string& row : rows) {
     if (row.find("Model Parameters:") != std::string::npos) EXPECT_EQ(row.find("#"), std::string::npos) << row;
   }
-  // The bar was drawn more than once (it redraws), yet occupies one row.
+  // The bar was drawn many times (it redraws, and again below each log line), yet occupies one row.
   size_t draws = 0;
-  for (size_t at = bytes.find("\r"); at != std::string::npos; at = bytes.find("\r", at + 1)) ++draws;
+  for (size_t at = bytes.find("SFT ["); at != std::string::npos; at = bytes.find("SFT [", at + 1)) ++draws;
   EXPECT_GT(draws, 2u);
+  EXPECT_EQ(count_containing(rows, "SFT ["), 1) << screen;
 }
 
 TEST(RunDisplay, ThroughAPipeOnePlainLinePerPrintInterval) {

@@ -145,6 +145,10 @@ TEST(CliTest, TrainDryRunShowsDevicesAndTheCpuDtypeRule) {
   EXPECT_NE(out.find("step2: rm   device cpu  dtype fp32  model opt-350m"), std::string::npos) << out;
   EXPECT_NE(out.find("step3: ppo  device cpu  dtype fp32"), std::string::npos) << out;
   EXPECT_NE(out.find("step1: the preset's dtype fp16 runs as fp32 on the CPU"), std::string::npos) << out;
+  // Each step's models as its log will start, from the memory plan (nothing loaded).
+  EXPECT_NE(out.find("step3 (ppo) on cpu, 1 rank:"), std::string::npos) << out;
+  EXPECT_NE(out.find("  reference     "), std::string::npos) << out;
+  EXPECT_NE(out.find("planned per rank: resident"), std::string::npos) << out;
   // A bare size names DeepSpeed-Chat's OPT checkpoint (docs/config.md), also given as a flag.
   ASSERT_EQ(testing::run_command(cli() + " train --dry-run --actor 1.3b --reward 350m --deployment single_gpu --device cpu",
                                  &out),

@@ -3,6 +3,7 @@
 // Ctrl-C stops a step after saving a checkpoint (main exits with 130); rerunning resumes it.
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "app/demo_report.h"
@@ -65,27 +66,34 @@ std::optional<plan::PipelinePlan> check_plan(const rlhf::PipelineConfig& config,
                           "(`dschat plan` prints them again); --skip-plan runs it anyway");
 }
 
-// Each step's start-of-run table (plan::step_overview), logged as the step starts and kept in
-// its training_summary.json.
-void add_step_overviews(const plan::PipelinePlan& plan, const rlhf::PipelineConfig& config,
-                        rlhf::StepContext& context) {
+// Each step's start-of-run table (plan::step_overview), by step number: logged as the step starts
+// and kept in its training_summary.json; --dry-run prints them.
+std::map<int, plan::StepOverview> step_overviews(const plan::PipelinePlan& plan, const rlhf::PipelineConfig& config) {
+  std::map<int, plan::StepOverview> overviews;
   for (const plan::StepPlan& step : plan.steps) {
     const auto& device = config.common_of(step.step).resolved_device;  // plan_train resolves every step's
-    const plan::StepOverview overview =
-        plan::step_overview(step, plan.options.hardware, device ? device->str() : "auto");
-    context.step_overviews[step.step] = {overview.text, overview.json};
+    overviews[step.step] = plan::step_overview(step, plan.options.hardware, device ? device->str() : "auto");
   }
+  return overviews;
 }
 
 void run_train(const TrainFlags& flags) {
   const app::TrainPlan plan = app::plan_train(flags.resolved(), DSCHAT_SOURCE_DIR);
   if (flags.dry_run) {
-    std::cout << app::describe_plan(plan) << std::flush;
+    std::cout << app::describe_plan(plan);
+    if (const auto memory_plan = check_plan(plan.config, /*refuse=*/false)) {
+      for (const auto& [step, overview] : step_overviews(*memory_plan, plan.config)) std::cout << "\n" << overview.text;
+    }
+    std::cout << std::flush;
     return;
   }
   const std::optional<plan::PipelinePlan> memory_plan = check_plan(plan.config, !flags.skip_plan);
   rlhf::StepContext context = make_context(flags, plan.config);
-  if (memory_plan) add_step_overviews(*memory_plan, plan.config, context);
+  if (memory_plan) {
+    for (const auto& [step, overview] : step_overviews(*memory_plan, plan.config)) {
+      context.step_overviews[step] = {overview.text, overview.json};
+    }
+  }
   const rlhf::PipelineResult result = rlhf::run_pipeline(plan.config, context);  // Interrupted: main exits 130
   // The table compares SFT with the RL step's model on the task: not for the DPO pipeline.
   if (!plan.demo || !is_rank0(context) || plan.config.dpo()) return;
@@ -172,7 +180,8 @@ void add_common_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--tokenizer", f.tokenizer, "Tokenizer directory (default: the model's)");
   cmd.add_option("--data-path", f.args.data_path, "Datasets (names, local/jsonfile[:DIR], files)");
   cmd.add_flag("--no-progress", f.no_progress, "Plain log lines instead of a progress bar");
-  cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model, then exit without training");
+  cmd.add_flag("--dry-run", f.dry_run, "Print each step's device, dtype and model and the table of its models (the memory plan), then exit "
+               "without training");
   cmd.add_option("--device", f.device, std::string(kDeviceHelp) + "; replaces every step's \"device\"");
   cmd.add_flag("--skip-plan", f.skip_plan,
                "Do not stop before loading when `dschat plan` says a step will not fit in memory");

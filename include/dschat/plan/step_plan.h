@@ -45,6 +45,10 @@ struct PlanOptions {
   int64_t dataset_rows = -1;
   /// false: do not read the datasets (the step count and total time stay unknown).
   bool count_rows = true;
+  /// CPU ranks allocate through core::HostBlockCache (the dschat CLI installs it:
+  /// core::retain_freed_host_memory), which keeps free blocks up to 1/8 above the live peak: the
+  /// plan counts that 1/8. false: freed memory goes back to the C library.
+  bool host_block_cache = false;
 };
 
 struct ModelSummary {

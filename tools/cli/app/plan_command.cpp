@@ -60,6 +60,7 @@ plan::PipelinePlan plan_for(const rlhf::PipelineConfig& config, const HardwareFl
   options.margin = flags.margin;
   options.dataset_rows = flags.dataset_rows;
   options.count_rows = flags.count_rows;
+  options.host_block_cache = true;  // main() installs it (core::retain_freed_host_memory)
   return plan::plan_pipeline(config, options);
 }
 
