@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iterator>
 #include <mutex>
+#include <unordered_map>
 
 #include "dschat/core/error.h"
 
@@ -18,12 +19,13 @@ namespace {
 
 constexpr size_t kPageBytes = 4096;
 
-// Which cache owns each large block. One registry for every cache, so the deleter (a plain
-// function of the data pointer, as LibTorch's raw allocation API requires) can find it; it also
-// serialises the caches, whose large requests are few next to the work done on them.
+// Every mapped large block by address, of every cache: the deleter is a plain function of the
+// data pointer (as LibTorch's raw allocation API requires) and finds the block, and its cache,
+// here. Its mutex also serialises the caches, whose large requests are few next to the work done
+// on them.
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<void*, HostBlockCache*> owner;
+  std::unordered_map<void*, void*> blocks;  // data -> HostBlockCache::Block (private to the class)
 };
 Registry& registry() {
   static Registry* instance = new Registry();  // leaked: blocks may be freed during shutdown
@@ -38,12 +40,14 @@ HostBlockCache::HostBlockCache(size_t min_block_bytes) : min_block_bytes_(min_bl
 
 HostBlockCache::~HostBlockCache() {
   std::lock_guard<std::mutex> lock(registry().mutex);
-  for (Block* block : free_order_) {
-    ::munmap(block->data, block->bytes);
-    registry().owner.erase(block->data);
-    blocks_.erase(block->data);
-    delete block;
-  }
+  for (Block* block : free_order_) unmap(block);
+}
+
+void HostBlockCache::unmap(Block* block) {
+  ::munmap(block->data, block->bytes);
+  registry().blocks.erase(block->data);
+  stats_.mapped_bytes -= static_cast<int64_t>(block->bytes);
+  delete block;
 }
 
 size_t HostBlockCache::class_bytes(size_t bytes) {
@@ -74,9 +78,8 @@ c10::DataPtr HostBlockCache::allocate(size_t bytes) {
   void* data = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   DSCHAT_CHECK(data != MAP_FAILED, OutOfMemory, "host memory: cannot map ", want, " bytes for a tensor of ", bytes,
                " bytes (", stats_.mapped_bytes, " bytes mapped by the block cache)");
-  auto* block = new Block{data, want, {}};
-  blocks_.emplace(data, block);
-  registry().owner.emplace(data, this);
+  auto* block = new Block{this, data, want, {}};
+  registry().blocks.emplace(data, block);
   ++stats_.misses;
   stats_.mapped_bytes += static_cast<int64_t>(want);
   stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.mapped_bytes);
@@ -94,24 +97,15 @@ void HostBlockCache::evict_for(size_t bytes) {
   while (stats_.mapped_bytes + static_cast<int64_t>(bytes) > allowed && !free_order_.empty()) {
     Block* block = free_order_.front();
     free_order_.pop_front();
-    for (auto it = free_by_class_.lower_bound(block->bytes); it != free_by_class_.end(); ++it) {
-      if (it->second == block) {
-        free_by_class_.erase(it);
-        break;
-      }
-    }
-    ::munmap(block->data, block->bytes);
-    registry().owner.erase(block->data);
-    blocks_.erase(block->data);
+    auto [first, last] = free_by_class_.equal_range(block->bytes);
+    free_by_class_.erase(std::find_if(first, last, [block](const auto& entry) { return entry.second == block; }));
     stats_.free_bytes -= static_cast<int64_t>(block->bytes);
-    stats_.mapped_bytes -= static_cast<int64_t>(block->bytes);
     ++stats_.evicted_blocks;
-    delete block;
+    unmap(block);
   }
 }
 
-void HostBlockCache::release(void* data) {  // caller holds the registry's mutex
-  Block* block = blocks_.at(data);
+void HostBlockCache::release(Block* block) {
   free_order_.push_back(block);
   block->free_position = std::prev(free_order_.end());
   free_by_class_.emplace(block->bytes, block);
@@ -122,9 +116,10 @@ void HostBlockCache::release_any(void* data) {
   if (data == nullptr) return;
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
-    auto owner = registry().owner.find(data);
-    if (owner != registry().owner.end()) {
-      owner->second->release(data);
+    auto found = registry().blocks.find(data);
+    if (found != registry().blocks.end()) {
+      auto* block = static_cast<Block*>(found->second);
+      block->owner->release(block);
       return;
     }
   }

@@ -163,11 +163,7 @@ void save_model_tensors(const NamedTensors& state, const core::ModelConfig& conf
                 int64_t max_shard_bytes, io::WeightsFormat format) {
   io::TensorMap weights;
   for (const auto& [name, tensor] : to_hf_layout(config, state)) weights.emplace(name, tensor.detach().to(torch::kCPU));
-  if (format == io::WeightsFormat::kTorchBin) {
-    io::save_state_dict(dir, weights, format);
-  } else {
-    io::save_state_dict(dir, weights, max_shard_bytes, {{"format", "pt"}});
-  }
+  io::save_state_dict(dir, weights, format, max_shard_bytes);  // safetensors get "format": "pt"
   write_config(config, dir, weights.begin()->second.scalar_type());
 }
 

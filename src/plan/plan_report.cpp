@@ -10,8 +10,6 @@ namespace dschat {
 namespace plan {
 namespace {
 
-std::string gib(int64_t bytes) { return gib_text(bytes); }
-
 std::string duration(double seconds) {
   if (seconds < 0) return "unknown";
   char text[48];
@@ -39,8 +37,6 @@ std::string count(int64_t n) {
   return text;
 }
 
-std::string pad(std::string text, size_t width) { return padded(std::move(text), width); }
-
 }  // namespace
 
 std::string format_plan(const PipelinePlan& plan) {
@@ -61,18 +57,18 @@ std::string format_plan(const PipelinePlan& plan) {
     out << "\nstep" << s.step << " (" << rlhf::step_kind_name(s.kind) << ", config block \"" << s.block << "\"): "
         << (s.fits ? "fits" : "DOES NOT FIT: " + s.why_not) << "\n";
     for (const ModelSummary& m : s.models) {
-      out << "  " << pad(m.role, 14) << count(m.parameters) << " parameters (" << count(m.trainable)
+      out << "  " << padded(m.role, 14) << count(m.parameters) << " parameters (" << count(m.trainable)
           << " trainable), ZeRO " << m.zero_stage << ", " << m.shape << "\n";
     }
-    out << "  " << pad("model", 14) << pad("what", 62) << pad("phase", 24) << "device GiB  host GiB\n";
+    out << "  " << padded("model", 14) << padded("what", 62) << padded("phase", 24) << "device GiB  host GiB\n";
     for (const MemoryItem& item : s.items) {
       if (item.device_bytes == 0 && item.host_bytes == 0) continue;
-      out << "  " << pad(item.model, 14) << pad(item.what, 62) << pad(item.phase.empty() ? "(resident)" : item.phase, 24)
-          << pad(gib(item.device_bytes), 12) << gib(item.host_bytes) << "\n";
+      out << "  " << padded(item.model, 14) << padded(item.what, 62) << padded(item.phase.empty() ? "(resident)" : item.phase, 24)
+          << padded(gib_text(item.device_bytes), 12) << gib_text(item.host_bytes) << "\n";
     }
-    out << "  per rank: resident " << gib(s.resident_bytes) << " GiB + peak phase '" << s.peak_phase << "' = peak "
-        << gib(s.peak_bytes) << " GiB of " << gib(s.usable_bytes) << " GiB usable; host " << gib(s.host_bytes)
-        << " GiB of " << gib(s.host_usable_bytes) << " GiB\n";
+    out << "  per rank: resident " << gib_text(s.resident_bytes) << " GiB + peak phase '" << s.peak_phase << "' = peak "
+        << gib_text(s.peak_bytes) << " GiB of " << gib_text(s.usable_bytes) << " GiB usable; host " << gib_text(s.host_bytes)
+        << " GiB of " << gib_text(s.host_usable_bytes) << " GiB\n";
     char flops[32];
     std::snprintf(flops, sizeof(flops), "%.3g", s.flops_per_step);
     out << "  time: " << flops << " FLOP per rank and step, " << duration(s.seconds_per_step) << " per step";
@@ -83,7 +79,7 @@ std::string format_plan(const PipelinePlan& plan) {
   if (!plan.suggestions.empty()) {
     out << "\nchanges that make it fit (best first; merge the JSON into --config):\n";
     for (const Suggestion& s : plan.suggestions) {
-      out << "  - " << s.change << ": peak " << gib(s.peak_bytes) << " GiB, " << duration(s.seconds_per_step)
+      out << "  - " << s.change << ": peak " << gib_text(s.peak_bytes) << " GiB, " << duration(s.seconds_per_step)
           << " per step\n    " << s.config_patch.dump() << "\n";
     }
   } else if (!plan.fits()) {

@@ -54,6 +54,11 @@ std::optional<plan::PipelinePlan> check_plan(const rlhf::PipelineConfig& config,
   } catch (const core::NotFound& e) {
     core::log_message(core::LogLevel::Warn, std::string("memory plan skipped: ") + e.what());
     return std::nullopt;
+  } catch (const core::Error& e) {
+    if (refuse) throw;
+    // --skip-plan: the plan only feeds the step tables then, and must not stop the run.
+    core::log_message(core::LogLevel::Warn, std::string("memory plan skipped: ") + e.what());
+    return std::nullopt;
   }
   if (plan.fits() || !refuse) return plan;
   if (app::launcher_local_rank() <= 0) std::cerr << plan::format_plan(plan) << std::flush;

@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <list>
 #include <map>
-#include <unordered_map>
 
 namespace dschat {
 namespace core {
@@ -60,18 +59,19 @@ class HostBlockCache final : public c10::Allocator {
 
  private:
   struct Block {
+    HostBlockCache* owner = nullptr;
     void* data = nullptr;
     size_t bytes = 0;
     std::list<Block*>::iterator free_position;  // in free_order_ while free
   };
-  // Both with the registry's mutex held (every cache shares it: the deleter finds the owner there).
-  void release(void* data);
+  // With the registry's mutex held (every cache shares it: the deleter finds blocks there).
+  void release(Block* block);
+  void unmap(Block* block);
   void evict_for(size_t bytes);
-  static void release_any(void* data);  // the deleter: finds the cache that owns `data`
+  static void release_any(void* data);  // the deleter: finds the block of `data`, if a large one
 
   size_t min_block_bytes_;
   int64_t peak_live_bytes_ = 0;
-  std::unordered_map<void*, Block*> blocks_;     // every mapped large block, by address
   std::multimap<size_t, Block*> free_by_class_;  // free blocks, by class bytes
   std::list<Block*> free_order_;                 // free blocks, oldest first
   HostBlockCacheStats stats_;
