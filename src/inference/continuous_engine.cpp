@@ -202,9 +202,10 @@ std::vector<SequenceOutput> ContinuousEngine::run_step() {
     }
   }
   int64_t budget = options_.max_prefill_tokens;
-  advance_prefills(budget);  // chunked prefills under way go first, in admission order
-  while (!waiting_.empty() && budget > 0 && admit_next(budget)) {
+  StepPrefills prefills = continue_prefills(budget);  // chunked prefills under way go first
+  while (!waiting_.empty() && budget > 0 && admit_next(budget, prefills)) {
   }
+  run_prefills(prefills);
   std::vector<Sequence*> rows;  // admitted in an earlier step, in admission order
   for (auto& sequence : running_) {
     if (!sequence->fresh && !sequence->finished && !sequence->parked) rows.push_back(sequence.get());

@@ -1,5 +1,7 @@
 #include "dschat/inference/paged_kv_cache.h"
 
+#include <algorithm>
+
 #include "dschat/core/error.h"
 #include "dschat/ops/paged_decode_attention.h"
 
@@ -7,39 +9,55 @@ namespace dschat {
 namespace inference {
 
 PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int64_t new_tokens)
-    : pool_(&pool), batch_(static_cast<int64_t>(rows.size())), width_(0), new_tokens_(new_tokens) {
-  DSCHAT_CHECK(batch_ >= 1 && new_tokens >= 1, InvalidArgument, "paged kv cache: needs rows (got ", batch_,
-               ") and new tokens (got ", new_tokens, ")");
+    : PagedKvCache(pool, rows, std::vector<int64_t>(rows.size(), new_tokens)) {}
+
+PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, const std::vector<int64_t>& new_tokens)
+    : pool_(&pool), batch_(static_cast<int64_t>(rows.size())), width_(0), new_tokens_(0) {
+  DSCHAT_CHECK(batch_ >= 1 && new_tokens.size() == rows.size(), InvalidArgument, "paged kv cache: needs rows (got ",
+               batch_, ") and a count of new tokens for each (got ", new_tokens.size(), ")");
   const int64_t block_size = pool.block_size();
-  for (const Row& row : rows) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Row& row = rows[r];
+    const int64_t fed = new_tokens[r];
+    DSCHAT_CHECK(fed >= 1, InvalidArgument, "paged kv cache: row ", r, " feeds ", fed, " new tokens (needs >= 1)");
     DSCHAT_CHECK(row.cached >= 0 && row.blocks != nullptr &&
-                     static_cast<int64_t>(row.blocks->size()) * block_size >= row.cached + new_tokens,
-                 InvalidArgument, "paged kv cache: a row of ", row.cached, " cached + ", new_tokens, " new tokens has ",
+                     static_cast<int64_t>(row.blocks->size()) * block_size >= row.cached + fed,
+                 InvalidArgument, "paged kv cache: a row of ", row.cached, " cached + ", fed, " new tokens has ",
                  row.blocks ? row.blocks->size() : 0, " blocks of ", block_size, " tokens");
     width_ = std::max(width_, row.cached);
+    new_tokens_ = std::max(new_tokens_, fed);
   }
-  const int64_t frame = width_ + new_tokens;
-  std::vector<int64_t> writes, reads, mask;  // host copies of write_slots_, read_slots_, mask_
-  writes.reserve(batch_ * new_tokens);
+  const int64_t frame = width_ + new_tokens_;
+  std::vector<int64_t> writes, write_rows, reads, mask;  // host copies of the index tensors and mask_
   reads.reserve(batch_ * frame);
   mask.reserve(batch_ * frame);
-  for (const Row& row : rows) {
+  for (int64_t r = 0; r < batch_; ++r) {
+    const Row& row = rows[r];
+    const int64_t fed = new_tokens[r];
     const std::vector<int64_t>& table = *row.blocks;
     auto slot = [&](int64_t token) { return table[token / block_size] * block_size + token % block_size; };
-    const int64_t padding = width_ - row.cached;
+    const int64_t cached_padding = width_ - row.cached, new_padding = new_tokens_ - fed;
+    padded_ = padded_ || cached_padding > 0 || new_padding > 0;
     for (int64_t column = 0; column < frame; ++column) {
-      const bool real = column >= padding;
-      reads.push_back(slot(real ? column - padding : 0));  // a padding column reads the row's first slot
-      mask.push_back(real ? 1 : 0);
+      // The row's token at this column, or -1 for padding (which reads the row's first slot, masked).
+      int64_t token = -1;
+      if (column < width_ && column >= cached_padding) token = column - cached_padding;
+      if (column >= width_ + new_padding) token = row.cached + column - width_ - new_padding;
+      reads.push_back(slot(std::max<int64_t>(token, 0)));
+      mask.push_back(token >= 0 ? 1 : 0);
     }
-    for (int64_t t = 0; t < new_tokens; ++t) writes.push_back(slot(row.cached + t));
-    lengths_.push_back(row.cached + new_tokens);
+    for (int64_t t = 0; t < fed; ++t) {
+      writes.push_back(slot(row.cached + t));
+      write_rows.push_back(r * new_tokens_ + new_padding + t);
+    }
+    lengths_.push_back(row.cached + fed);
   }
   const torch::Device device = pool.storage().device();
   auto to_tensor = [&](std::vector<int64_t>& host) {
     return torch::from_blob(host.data(), {static_cast<int64_t>(host.size())}, torch::kInt64).to(device, /*non_blocking=*/false, /*copy=*/true);
   };
-  write_slots_ = to_tensor(writes);                  // [B * T]
+  write_slots_ = to_tensor(writes);  // [N]
+  if (static_cast<int64_t>(writes.size()) != batch_ * new_tokens_) write_rows_ = to_tensor(write_rows);  // [N]
   read_slots_ = to_tensor(reads);                    // [B * (W + T)]
   mask_ = to_tensor(mask).view({batch_, frame});     // [B, W + T]
 }
@@ -61,8 +79,10 @@ std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, cons
                ", D], got ", k.sizes(), " and ", v.sizes());
   const int64_t heads = k.size(1), dim = k.size(3), frame = width_ + new_tokens_;
   auto store_and_gather = [&](torch::Tensor slots_of_pool, const torch::Tensor& fresh) {
-    // [B, H_kv, T, D] -> token rows [B * T, H_kv * D] (the pool's token-major layout)
-    slots_of_pool.index_copy_(0, write_slots_, fresh.transpose(1, 2).reshape({batch_ * new_tokens_, heads * dim}));
+    // [B, H_kv, T, D] -> token rows [B * T, H_kv * D] (the pool's token-major layout), the real ones [N, H_kv * D]
+    torch::Tensor rows = fresh.transpose(1, 2).reshape({batch_ * new_tokens_, heads * dim});
+    if (write_rows_.defined()) rows = rows.index_select(0, write_rows_);
+    slots_of_pool.index_copy_(0, write_slots_, rows);
     return slots_of_pool.index_select(0, read_slots_)
         .view({batch_, frame, heads, dim})
         .transpose(1, 2);  // [B, H_kv, W + T, D], unit stride along D

@@ -138,7 +138,8 @@ TEST_P(ContinuousEngineOnFixtures, GreedyIdsEqualTheInferenceEngine) {
         << (gather ? "gathered" : "in place") << "\n" << got.sequences << "\nexpected\n" << expected.sequences;
     EXPECT_TRUE(torch::equal(got.attention_mask, expected.attention_mask));
     EXPECT_EQ(engine.pool().free_blocks(), engine.pool().num_blocks());  // every block back
-    EXPECT_EQ(engine.stats().prefill_forwards, p.ids.size(0));
+    EXPECT_EQ(engine.stats().prefill_rows, p.ids.size(0));
+    EXPECT_EQ(engine.stats().prefill_forwards, 1) << "every prompt in one batched prefill";
   }
 }
 
@@ -153,7 +154,7 @@ TEST_P(ContinuousEngineOnFixtures, SeededSamplesEqualTheInferenceEngineForNSampl
   GenerationResult got = engine.generate(p.ids, p.mask, config);
   EXPECT_TRUE(torch::equal(got.sequences, expected.sequences)) << got.sequences << "\nexpected\n" << expected.sequences;
   EXPECT_TRUE(torch::equal(got.attention_mask, expected.attention_mask));
-  EXPECT_EQ(engine.stats().prefill_forwards, p.ids.size(0));  // one prefill per prompt, not per sample
+  EXPECT_EQ(engine.stats().prefill_rows, p.ids.size(0));  // one prefill per prompt, not per sample
   EXPECT_GT(engine.stats().copy_on_write, 0);
 }
 

@@ -79,6 +79,7 @@ Outcome serve_traffic(models::CausalLM model, const std::vector<std::vector<int6
 void expect_same_schedule(const ContinuousStats& got, const ContinuousStats& expected, const std::string& what) {
   EXPECT_EQ(got.steps, expected.steps) << what;
   EXPECT_EQ(got.prefill_forwards, expected.prefill_forwards) << what;
+  EXPECT_EQ(got.prefill_rows, expected.prefill_rows) << what;
   EXPECT_EQ(got.prefill_tokens, expected.prefill_tokens) << what;
   EXPECT_EQ(got.decode_rows, expected.decode_rows) << what;
   EXPECT_EQ(got.preemptions, expected.preemptions) << what;
@@ -110,7 +111,7 @@ TEST_P(ContinuousTensorParallel, TwoShardsRunTheFullModelsScheduleAndIds) {
     const Outcome expected = serve_traffic(full, prompts, config);
     EXPECT_GT(expected.stats.preemptions, 0) << what;  // the traffic exercises what it should
     EXPECT_GT(expected.stats.prefix_hit_tokens, 0) << what;
-    EXPECT_GT(expected.stats.prefill_forwards, static_cast<int64_t>(prompts.size())) << what << ": no chunks";
+    EXPECT_GT(expected.stats.prefill_rows, static_cast<int64_t>(prompts.size())) << what << ": no chunks";
     std::vector<Outcome> ranks(kRanks);
     std::vector<std::string> errors(kRanks);
     std::vector<std::thread> threads;

@@ -4,10 +4,11 @@
 // EOS is chosen so that rank 0 finishes after a couple of tokens while rank 1 runs all
 // --new-tokens steps: the first of row 0's greedy tokens (from the second on) that rows 1 and 2
 // never emit. Each rank then generates the same prompts alone (no lockstep) and compares.
-// With --continuous the lockstep engine is a ContinuousEngine (2 decode rows, so rank 1 prefills
-// two prompts in its first step where rank 0 prefills one) and every forward is collective the
-// way ZeRO-3 makes it: layer hooks all-reduce (forward index, layer) and throw when the ranks
-// disagree, so a forward one rank runs alone fails instead of pairing with another.
+// With --continuous the lockstep engine is a ContinuousEngine (2 decode rows, one prefill forward
+// per prompt: rank 1 runs two prefill forwards in its first step where rank 0 runs one) and
+// every forward is collective the way ZeRO-3 makes it: layer hooks all-reduce (forward index,
+// layer) and throw when the ranks disagree, so a forward one rank runs alone fails instead of
+// pairing with another.
 // Writes <out>/rank<r>.json: {"equal", "length", "forward_steps", "eos", "idle_forwards"}; exits 3
 // when the lockstep ids differ from the ones generated alone, 1 on an error (message on stderr).
 //
@@ -128,6 +129,7 @@ int run(const Args& args) {
     inference::ContinuousEngineOptions options;
     options.block_size = 4;
     options.max_running_sequences = 2;
+    options.batched_prefill = false;  // ranks with different forward counts within a step
     options.num_blocks = rank == args.overflow_rank ? 2 : 16;
     options.lockstep = communicator;
     CollectiveLayerCheck check(communicator);

@@ -10,11 +10,12 @@
 //
 // Every step(): (1) goes on with prompts being prefilled in chunks, then admits waiting sequences
 // in arrival order while the decode batch has room (max_running_sequences), the step's prefill
-// token budget lasts (max_prefill_tokens) and the pool has blocks for the prompt; each admitted
-// prompt is prefilled once (its own forward, no padding; a prompt longer than the whole budget
-// in chunks of what is left of each step's budget, chunked prefill, so running sequences keep
-// decoding meanwhile) and its n samples share its blocks by reference
-// (copy-on-write of the last, partly filled one when a sample first writes to it); each sample
+// token budget lasts (max_prefill_tokens) and the pool has blocks for the prompt; the step's
+// prefills (the admitted prompts, a chunk of a prompt longer than the whole budget: chunked
+// prefill, so running sequences keep decoding meanwhile) run together in one forward, each row
+// over its own cached tokens (PagedKvCache's padded frame; batched_prefill), and each admitted
+// prompt is prefilled once: its n samples share its blocks by reference (copy-on-write of the
+// last, partly filled one when a sample first writes to it); each sample
 // draws its first token; when fewer rows are free than the prompt has samples, the others park
 // (holding only the shared blocks) and take rows as they free up, before any later prompt is
 // admitted. (2) Decodes one token for every sequence admitted in an earlier step, in
@@ -84,6 +85,8 @@ struct ContinuousEngineOptions {
   int64_t num_blocks = 0;              // > 0: exactly this many blocks (tests force preemption)
   int64_t max_running_sequences = 8;   // rows of one decode step (<= 8: the CPU's batch-invariant kernel)
   int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (a longer prompt: in chunks)
+  bool batched_prefill = true;         // one forward for all of a step's prefills; false: one per
+                                       // prompt (each prefill's shapes then independent of the others)
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
   bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
@@ -127,8 +130,11 @@ struct StepToken {
 
 struct ContinuousStats {
   int64_t steps = 0;             // step() calls that ran a forward
-  int64_t prefill_forwards = 0;  // one per admitted prompt (n samples share it) or recomputation
-  int64_t prefill_tokens = 0;    // tokens those forwards fed
+  int64_t prefill_forwards = 0;  // forwards that prefilled (one per step with prefills; batched_prefill
+                                 // off: one per row below)
+  int64_t prefill_rows = 0;      // prompts (or chunks of one) prefilled: one per admitted prompt (n
+                                 // samples share it), recomputation or chunk
+  int64_t prefill_tokens = 0;    // tokens those rows fed (padding not counted)
   int64_t decode_forwards = 0;   // batched decode forwards
   int64_t decode_rows = 0;       // rows over all decode forwards (the tokens they produced)
   int64_t generated_tokens = 0;  // new tokens of all sequences (decode rows + first tokens)
@@ -202,14 +208,27 @@ class ContinuousEngine {
 
  private:
   struct Sequence;
-  /// Admits the first waiting group if a row, the budget and the blocks allow; starts its prefill.
-  bool admit_next(int64_t& budget);
-  /// Runs the prefills under way (prefilling_) chunk by chunk while `budget` lasts, in admission
-  /// order; a finished one hands its blocks to its samples (finish_prefill).
-  void advance_prefills(int64_t& budget);
-  /// Feeds the next `chunk` tokens of `first` over its cached ones; the last token's logits [1, V]
-  /// when that completes its tokens, else undefined.
-  torch::Tensor prefill_chunk(Sequence& first, int64_t chunk);
+  /// The prefills of one step: the first chunks.size() groups of prefilling_, row i feeding
+  /// chunks[i] tokens; extra_rows: decode rows their samples will take beyond the one each
+  /// prefilling group already counts in active_rows().
+  struct StepPrefills {
+    std::vector<int64_t> chunks;
+    int64_t extra_rows = 0;
+  };
+  /// Plans this step's chunks of the prefills under way (prefilling_), in admission order, while
+  /// `budget` lasts.
+  StepPrefills continue_prefills(int64_t& budget);
+  /// Admits the first waiting group if a row, the budget and the blocks allow, adding its chunk.
+  bool admit_next(int64_t& budget, StepPrefills& prefills);
+  /// Whether a prompt prefilled in this step would give `tokens` more cached blocks than
+  /// `cached_blocks` once its forward ran (then `tokens` waits a step, to share them).
+  bool shares_a_pending_prefix(const std::vector<int64_t>& tokens, int64_t cached_blocks, const StepPrefills& prefills) const;
+  /// Runs the planned prefills (one forward, or one per row) and hands every completed prompt's
+  /// blocks to its samples (finish_prefill), in admission order.
+  void run_prefills(const StepPrefills& prefills);
+  /// Feeds rows [begin, end) of the planned prefills in one forward over their cached tokens;
+  /// logits[i] = the last token's logits [1, V] of row i when that completes its tokens.
+  void prefill_forward(const StepPrefills& prefills, int64_t begin, int64_t end, std::vector<torch::Tensor>& logits);
   void finish_prefill(std::vector<std::unique_ptr<Sequence>> group, const torch::Tensor& logits);
   /// A free block, evicting an unheld cached one when none is free; nullopt when neither.
   std::optional<int64_t> allocate_block();

@@ -2,14 +2,16 @@
 // The nn::KvCache of one forward over sequences whose keys and values live in a KvBlockPool,
 // reached through each sequence's block table (vLLM's PagedAttention; the CPU reference path).
 //
-// Rows may have different cached lengths; every row feeds the same number of new tokens T (a
-// decode step: T = 1; a prefill: one row of T tokens). The forward sees them in the left-padded
-// frame the models already handle: width W = the longest row's cached length, row r's cached
-// tokens right-aligned in columns [W - cached_r, W) and its new ones in [W, W + T), the mask
-// (attention_mask()) 1 exactly there, so positions (cumsum of the mask) and every family's masking
-// are those of the row alone. append() writes the new keys/values into the rows' blocks and
-// gathers each row's slots into that frame; slots left of a row's tokens read some slot of its
-// own and are masked.
+// Rows may have different cached lengths and feed different numbers of new tokens (a decode
+// step: 1 each; a batched prefill: each prompt's chunk). The forward sees them in a padded frame
+// the models already handle: W = the longest row's cached length, T = the most new tokens of a
+// row; row r's cached tokens right-aligned in columns [W - cached_r, W) and its new_r new ones
+// right-aligned in [W + T - new_r, W + T), the mask (attention_mask()) 1 exactly there. Positions
+// (cumsum of the mask), causal masking, sliding windows and ALiBi (all computed from the mask)
+// are then those of the row alone; the padding columns between are masked. The caller feeds row
+// r's ids in the last new_r of its T columns (the others: any id, e.g. the pad id). append()
+// writes the real new keys/values into the rows' blocks (padding columns are not stored) and
+// gathers each row's slots into that frame; padding columns read some slot of the row's own.
 
 #include <torch/torch.h>
 
@@ -30,9 +32,15 @@ class PagedKvCache : public nn::KvCache {
   /// The caller has given each row blocks for cached + new_tokens tokens, and none of the blocks
   /// written to (those holding tokens [cached, cached + new_tokens)) is shared.
   PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int64_t new_tokens);
+  /// Row r feeds new_tokens[r] >= 1 tokens (a batched prefill of several prompts' chunks).
+  PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, const std::vector<int64_t>& new_tokens);
 
   /// W: the longest row's cached tokens (the frame's cached columns; the same for every row).
   int64_t cached_length() const override { return width_; }
+  /// T: the most new tokens of a row (the forward's input width).
+  int64_t new_tokens() const { return new_tokens_; }
+  /// Whether some column of the frame is padding (rows of different cached or new lengths).
+  bool padded() const { return padded_; }
   /// k, v: [B, H_kv, T, D] -> keys and values of the frame [B, H_kv, W + T, D] each.
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k, const torch::Tensor& v) override;
   /// The rows' lengths are the caller's (each sequence advances its own): nothing to do.
@@ -51,7 +59,9 @@ class PagedKvCache : public nn::KvCache {
  private:
   KvBlockPool* pool_;
   int64_t batch_, width_, new_tokens_;
-  torch::Tensor write_slots_;  // [B * T] pool slots of the new tokens, row-major
+  bool padded_ = false;
+  torch::Tensor write_slots_;  // [N] pool slots of the real new tokens (N = sum of new_r), row-major
+  torch::Tensor write_rows_;   // [N] their rows of the flattened [B * T] new tokens (undefined: all, no padding)
   torch::Tensor read_slots_;   // [B * (W + T)] pool slot of every frame column, row-major
   torch::Tensor mask_;         // [B, W + T]
   std::vector<int64_t> lengths_;  // [B] each row's cached + new tokens
