@@ -165,6 +165,7 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
           {"steps", s.steps - before.steps},
           {"decode_rows", s.decode_rows - before.decode_rows},
           {"prefill_forwards", s.prefill_forwards - before.prefill_forwards},
+          {"prefill_rows", s.prefill_rows - before.prefill_rows},
           {"prefill_tokens", s.prefill_tokens - before.prefill_tokens},
           {"cached_tokens", s.prefix_hit_tokens - before.prefix_hit_tokens},
           {"preemptions", s.preemptions - before.preemptions},
@@ -212,13 +213,14 @@ int run(const Options& o) {
                continuous.at("generated").get<int64_t>(), " tokens, the drawn lengths sum to ", useful);
   const double continuous_s = continuous.at("seconds").get<double>();
   auto print_continuous = [&](const char* name, const json& c) {
-    std::printf("%s: %.2f s, %.1f tokens/s; %lld steps, %lld decode rows, %lld prefills (one per prompt: %lld) of "
-                "%lld tokens, %lld prompt tokens from the prefix cache, %lld preemptions, %lld copy-on-write blocks, "
+    std::printf("%s: %.2f s, %.1f tokens/s; %lld steps, %lld decode rows, %lld prefills (one per prompt: %lld) in "
+                "%lld forwards of %lld tokens, %lld prompt tokens from the prefix cache, %lld preemptions, %lld copy-on-write blocks, "
                 "peak KV %.1f MiB\n",
                 name, c.at("seconds").get<double>(), useful / c.at("seconds").get<double>(),
                 static_cast<long long>(c.at("steps").get<int64_t>()),
                 static_cast<long long>(c.at("decode_rows").get<int64_t>()),
-                static_cast<long long>(c.at("prefill_forwards").get<int64_t>()), static_cast<long long>(o.prompts),
+                static_cast<long long>(c.at("prefill_rows").get<int64_t>()), static_cast<long long>(o.prompts),
+                static_cast<long long>(c.at("prefill_forwards").get<int64_t>()),
                 static_cast<long long>(c.at("prefill_tokens").get<int64_t>()),
                 static_cast<long long>(c.at("cached_tokens").get<int64_t>()),
                 static_cast<long long>(c.at("preemptions").get<int64_t>()),
