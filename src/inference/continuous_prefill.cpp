@@ -13,6 +13,13 @@
 
 namespace dschat {
 namespace inference {
+namespace {
+
+// A batched prefill forward computes rows x its longest chunk tokens: at most this many times the
+// tokens its rows feed.
+constexpr int64_t kMaxPrefillPadding = 2;
+
+}  // namespace
 
 ContinuousEngine::StepPrefills ContinuousEngine::continue_prefills(int64_t& budget) {
   StepPrefills prefills;
@@ -94,11 +101,23 @@ void ContinuousEngine::run_prefills(const StepPrefills& prefills) {
   const int64_t count = static_cast<int64_t>(prefills.chunks.size());
   if (count == 0) return;
   std::vector<torch::Tensor> logits(count);  // [1, V] each, for the rows that complete their prompt
-  if (options_.batched_prefill) {
-    prefill_forward(prefills, 0, count, logits);
-  } else {
-    for (int64_t i = 0; i < count; ++i) prefill_forward(prefills, i, i + 1, logits);
+  // Consecutive rows share a forward while its padded tokens (rows x the longest chunk) stay
+  // within twice its real ones: a 500-token chunk and ten 5-token prompts run as two forwards,
+  // not one of 11 x 500 tokens.
+  int64_t begin = 0, real = 0, longest = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t chunk = prefills.chunks[i];
+    const bool fits = options_.batched_prefill &&
+                      (i - begin + 1) * std::max(longest, chunk) <= kMaxPrefillPadding * (real + chunk);
+    if (i > begin && !fits) {
+      prefill_forward(prefills, begin, i, logits);
+      begin = i;
+      real = longest = 0;
+    }
+    real += chunk;
+    longest = std::max(longest, chunk);
   }
+  prefill_forward(prefills, begin, count, logits);
   // Only the last row can stop mid-prompt (the budget ran out there); the completed ones are the
   // front of prefilling_, finished in admission order.
   for (int64_t i = 0; i < count && logits[i].defined(); ++i) {

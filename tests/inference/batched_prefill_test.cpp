@@ -4,7 +4,8 @@
 // cached and new lengths gives each row the hidden states of its own unpadded prefill; the
 // engine with and without batched_prefill gives the same ids under preemption, chunking, prefix
 // caching and parking; prompts that share a prefix with one being prefilled wait one step and
-// take its blocks from the cache, prefilled together in one forward.
+// take its blocks from the cache, prefilled together in one forward; a forward's padding is
+// bounded (rows of very different lengths go to separate forwards).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -196,6 +197,24 @@ TEST(ContinuousEngine, PromptsSharingAPrefixBeingPrefilledWaitAStepAndTakeItFrom
   EXPECT_EQ(engine.stats().prefill_forwards, 2);
   EXPECT_EQ(engine.stats().prefix_hit_tokens, 3 * 12);
   EXPECT_EQ(engine.stats().prefill_tokens, 13 + 3);
+  while (engine.has_work()) engine.step();
+}
+
+TEST(ContinuousEngine, ABatchedPrefillForwardPadsAtMostTwiceItsRealTokens) {
+  auto model = models::load_causal_lm(testing::fixture("opt-preln").string());
+  const int64_t vocab = model->config().vocab_size;
+  ContinuousEngineOptions options;
+  options.block_size = 4;
+  ContinuousEngine engine(model, options);
+  core::GenerationConfig config;
+  config.max_new_tokens = 2;
+  // 40 + 3 tokens: 2 x 40 <= 2 x 43, one forward; a third row would make 3 x 40 > 2 x 46.
+  engine.submit(id_run(40, 1, vocab), config);
+  for (int64_t p = 0; p < 4; ++p) engine.submit(id_run(3, 2 + p, vocab), config);
+  engine.step();
+  EXPECT_EQ(engine.stats().prefill_rows, 5);
+  EXPECT_EQ(engine.stats().prefill_forwards, 2) << "[40, 3] and [3, 3, 3]";
+  EXPECT_EQ(engine.stats().prefill_tokens, 40 + 4 * 3);
   while (engine.has_work()) engine.step();
 }
 
