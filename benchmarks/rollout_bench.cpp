@@ -26,6 +26,7 @@
 //   dschat_rollout_bench [--preset opt-125m] [--prompts 64] [--samples 8] [--prompts-per-call 8]
 //       [--prompt 32] [--short-max 16] [--long-max 256] [--long-share 0.1] [--threads 2] [--seed 1234]
 //       [--kv-memory-mib 256] [--max-running 8] [--block-size 16] [--system 0] [--continuous-only]
+//       [--no-batched-prefill]
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -60,6 +61,7 @@ struct Options {
   int64_t kv_memory_mib = 256, max_running = 8, block_size = 16;  // the continuous engine's
   int64_t system = 0;           // leading tokens every prompt shares
   bool continuous_only = false;  // no static engines, no transformers
+  bool batched_prefill = true;   // the continuous engine's (off: a prefill forward per prompt)
   std::string python = DSCHAT_BENCH_PYTHON;
   std::string peer = DSCHAT_BENCH_PEER;
 };
@@ -132,6 +134,7 @@ json run_continuous(models::CausalLM& model, const torch::Tensor& prompts, const
   options.block_size = o.block_size;
   options.kv_cache_memory = o.kv_memory_mib << 20;
   options.max_running_sequences = o.max_running;
+  options.batched_prefill = o.batched_prefill;
   inference::ContinuousEngine engine(model, options);
   core::GenerationConfig config = rollout_config(model, o);
   auto prompt_of = [&](int64_t p) {
@@ -297,6 +300,7 @@ int main(int argc, char** argv) {
   app.add_option("--system", o.system, "Leading prompt tokens every prompt shares (adds a prefix-caching run)")
       ->capture_default_str();
   app.add_flag("--continuous-only", o.continuous_only, "Only the continuous engine (no static engines, no transformers)");
+  app.add_flag("--no-batched-prefill{false}", o.batched_prefill, "The continuous engine prefills each prompt in its own forward");
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--work-dir", o.work_dir, "Where the checkpoint goes (default: a temporary dir, removed)");
   app.add_option("--python", o.python)->capture_default_str();

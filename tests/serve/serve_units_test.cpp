@@ -303,6 +303,38 @@ TEST(BatchScheduler, ASharedSystemPromptComesFromThePrefixCache) {
   EXPECT_EQ(answers[true], answers[false]);
 }
 
+// Requests arriving together are prefilled in one forward (batched_prefill) or one forward each:
+// the same seeded answers either way.
+TEST(BatchScheduler, RequestsArrivingTogetherGetTheSameAnswersWithAndWithoutBatchedPrefill) {
+  SamplingParams params;
+  params.max_tokens = 6;
+  params.temperature = 0.8;
+  params.seed = 11;
+  std::map<bool, std::vector<std::string>> answers;
+  for (const bool batched : {false, true}) {
+    SchedulerOptions options;
+    options.batch_window = std::chrono::milliseconds(200);  // the four start in one step
+    options.batched_prefill = batched;
+    BatchScheduler scheduler(tiny_model(), gpt2(), {}, options);
+    std::vector<std::shared_ptr<GenerationRequest>> requests;
+    for (int64_t length : {3, 9, 5, 14}) {
+      std::vector<int64_t> prompt;
+      for (int64_t t = 0; t < length; ++t) prompt.push_back(200 + 7 * t + length);
+      requests.push_back(std::make_shared<GenerationRequest>(std::vector<std::vector<int64_t>>{prompt}, params));
+      scheduler.submit(requests.back());
+    }
+    for (auto& request : requests) {
+      std::vector<ChoiceEvent> events;
+      while (!request->wait(events, std::chrono::milliseconds(100))) {}
+      std::string text;
+      for (const auto& event : events) text += event.text;
+      answers[batched].push_back(text);
+    }
+  }
+  EXPECT_EQ(answers[true], answers[false]);
+  EXPECT_EQ(answers[true].size(), 4u);
+}
+
 // The server's sampler (grouped warpers, one inverse-CDF draw per row) draws from the warped
 // distribution: with top_k = 2 every token is one of the two likeliest, and the likeliest comes up
 // about as often as its renormalised probability says.

@@ -28,6 +28,7 @@ struct ServeOptions {
   int64_t batch_window_ms = 5;
   int64_t kv_cache_memory_mib = 0;
   bool no_prefix_caching = false;
+  bool no_batched_prefill = false;
   serve::ServerOptions server;
 };
 
@@ -50,6 +51,7 @@ void run_serve(ServeOptions o) {
                o.kv_cache_memory_mib);
   o.server.scheduler.kv_cache_memory = o.kv_cache_memory_mib << 20;
   o.server.scheduler.prefix_caching = !o.no_prefix_caching;
+  o.server.scheduler.batched_prefill = !o.no_batched_prefill;
   const models::LoadOptions load = load_options(o.dtype, "", o.device);
   std::vector<serve::ServedModel> served;
   for (const auto& flag : o.models) {
@@ -116,6 +118,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Prefill every prompt in full (default: reuse the KV blocks of earlier prompts' prefixes)");
+  cmd->add_flag("--no-batched-prefill", o->no_batched_prefill,
+                "Prefill each prompt in its own forward (default: the prompts admitted in one step share one)");
   cmd->add_option("--batch-window-ms", o->batch_window_ms, "How long a request waits for others to batch with")
       ->capture_default_str();
   cmd->add_option("--max-queue", o->server.scheduler.max_queue, "Waiting requests per model before 429")

@@ -53,6 +53,7 @@ struct SchedulerOptions {
   std::chrono::milliseconds batch_window{5};    // how long a request arriving at an idle engine waits for company
   int64_t max_queue = 64;                       // requests waiting beyond the running batch
   bool prefix_caching = true;                   // reuse the KV blocks of earlier prompts' prefixes
+  bool batched_prefill = true;                  // a step's prompts prefilled in one forward
 };
 
 /// Figures since the scheduler started (plus the two gauges queued and running_rows).
