@@ -240,6 +240,7 @@ int run(const Options& o) {
                 cached.at("prefill_tokens").get<double>() / continuous.at("prefill_tokens").get<double>());
   }
   if (o.continuous_only) {
+    if (o.system == 0) print_continuous("continuous", continuous);
     checkpoint.remove();
     return 0;
   }
