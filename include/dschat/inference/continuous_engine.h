@@ -12,8 +12,9 @@
 // in arrival order while the decode batch has room (max_running_sequences), the step's prefill
 // token budget lasts (max_prefill_tokens) and the pool has blocks for the prompt; the step's
 // prefills (the admitted prompts, a chunk of a prompt longer than the whole budget: chunked
-// prefill, so running sequences keep decoding meanwhile) run together in one forward, each row
-// over its own cached tokens (PagedKvCache's padded frame; batched_prefill), and each admitted
+// prefill, so running sequences keep decoding meanwhile) run together in one forward (a few when
+// their lengths differ widely: padding at most doubles a forward's tokens), each row over its own
+// cached tokens (PagedKvCache's padded frame; batched_prefill), and each admitted
 // prompt is prefilled once: its n samples share its blocks by reference (copy-on-write of the
 // last, partly filled one when a sample first writes to it); each sample
 // draws its first token; when fewer rows are free than the prompt has samples, the others park
@@ -130,8 +131,8 @@ struct StepToken {
 
 struct ContinuousStats {
   int64_t steps = 0;             // step() calls that ran a forward
-  int64_t prefill_forwards = 0;  // forwards that prefilled (one per step with prefills; batched_prefill
-                                 // off: one per row below)
+  int64_t prefill_forwards = 0;  // forwards that prefilled (one per step with prefills, more when its
+                                 // rows differ widely in length; batched_prefill off: one per row)
   int64_t prefill_rows = 0;      // prompts (or chunks of one) prefilled: one per admitted prompt (n
                                  // samples share it), recomputation or chunk
   int64_t prefill_tokens = 0;    // tokens those rows fed (padding not counted)
