@@ -51,9 +51,11 @@ bool ContinuousEngine::admit_next(int64_t& budget, StepPrefills& prefills) {
                     : std::vector<int64_t>();
   const int64_t cached_blocks = static_cast<int64_t>(cached.size());
   const int64_t fed = tokens - cached_blocks * options_.block_size;
-  // Room for the prompt, and for each sample's next block unless nothing else runs (then the
-  // group alone fits, submit() checked; a sample short of a block preempts a sibling).
-  const int64_t needed = blocks_for(tokens) - cached_blocks + (running_.empty() ? 0 : rows);
+  // Room for the prompt, and for each sample's next block unless nothing else runs or is being
+  // prefilled (then the group alone fits, submit() checked; a sample short of a block preempts a
+  // sibling).
+  const bool alone = running_.empty() && prefilling_.empty();
+  const int64_t needed = blocks_for(tokens) - cached_blocks + (alone ? 0 : rows);
   // A prompt longer than the whole budget starts now and goes on in chunks; one that fits the
   // budget but not what is left of it waits for the next step (it is then fed in one forward).
   // So does one whose prefix a prompt of this step is about to cache.
