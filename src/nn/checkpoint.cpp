@@ -7,6 +7,7 @@
 
 #include "dschat/core/error.h"
 #include "dschat/core/random_state.h"
+#include "dschat/ops/skinny_linear.h"
 
 namespace dschat {
 namespace nn {
@@ -31,6 +32,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     ctx->save_for_backward({input});
     ctx->saved_data["closure"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
+    ops::AtLinearGuard same_linear_as_the_recompute;
     return holder->fn(input);
   }
 
@@ -45,6 +47,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor output;
     {
       torch::AutoGradMode enable(true);
+      ops::AtLinearGuard same_linear_as_the_first_pass;  // frozen layers would take the skinny kernel
       output = holder->fn(input);
     }
     core::set_random_states(holder->devices, states_now);

@@ -16,21 +16,42 @@ constexpr int64_t kGrainOutputs = 64;
 
 int64_t rows_of(const torch::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
 
-}  // namespace
-
-bool skinny_linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+// CPU float32, a contiguous [N, K] weight, a bias of N or none, no autograd: the kernel's own
+// conditions apart from the row count.
+bool skinny_kernel_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!x.device().is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() < 1) return false;
   if (!weight.device().is_cpu() || weight.scalar_type() != torch::kFloat32 || weight.dim() != 2 ||
-      !weight.is_contiguous() || weight.size(1) != x.size(-1)) {
+      !weight.is_contiguous() || weight.size(1) != x.size(-1) || weight.size(1) == 0) {
     return false;
   }
   if (bias.defined() && (!bias.device().is_cpu() || bias.scalar_type() != torch::kFloat32 || bias.dim() != 1 ||
                          bias.size(0) != weight.size(0))) {
     return false;
   }
-  if (detail::autograd_records({x, weight, bias})) return false;
+  return !detail::autograd_records({x, weight, bias});
+}
+
+}  // namespace
+
+int64_t skinny_linear_auto_rows() {
+  static const int64_t rows = detail::skinny_isa_supported(detail::SkinnyIsa::kAvx512) && detail::cpu_is_amd()
+                                  ? kSkinnyLinearMaxRows
+                                  : 8;
+  return rows;
+}
+
+namespace {
+thread_local int at_linear_guards = 0;
+}  // namespace
+
+AtLinearGuard::AtLinearGuard() { ++at_linear_guards; }
+AtLinearGuard::~AtLinearGuard() { --at_linear_guards; }
+bool AtLinearGuard::active() { return at_linear_guards > 0; }
+
+bool skinny_linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (AtLinearGuard::active()) return false;
   const int64_t rows = rows_of(x);
-  return rows >= 1 && rows <= kSkinnyLinearMaxRows && weight.size(1) > 0;
+  return rows >= 1 && rows <= skinny_linear_auto_rows() && skinny_kernel_takes(x, weight, bias);
 }
 
 namespace {
@@ -58,9 +79,11 @@ torch::Tensor run_skinny_linear(const torch::Tensor& x, const torch::Tensor& wei
 }  // namespace
 
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  DSCHAT_CHECK(skinny_linear_applies(x, weight, bias), InvalidArgument, "skinny_linear: x ", x.sizes(), " ",
-               x.scalar_type(), " on ", x.device(), ", weight ", weight.sizes(), ": needs CPU float32, a contiguous "
-               "[N, K] weight, 1..", kSkinnyLinearMaxRows, " rows of K and no autograd");
+  const int64_t rows = rows_of(x);
+  DSCHAT_CHECK(rows >= 1 && rows <= kSkinnyLinearMaxRows && skinny_kernel_takes(x, weight, bias), InvalidArgument,
+               "skinny_linear: x ", x.sizes(), " ", x.scalar_type(), " on ", x.device(), ", weight ", weight.sizes(),
+               ": needs CPU float32, a contiguous [N, K] weight, 1..", kSkinnyLinearMaxRows,
+               " rows of K and no autograd");
   return run_skinny_linear(x, weight, bias);
 }
 

@@ -54,6 +54,15 @@ bool skinny_isa_supported(SkinnyIsa isa) {
 #endif
 }
 
+bool cpu_is_amd() {
+#if DSCHAT_SKINNY_X86
+  __builtin_cpu_init();  // a no-op after the first call; needed if this runs in a static initializer
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+
 SkinnyIsa best_skinny_isa() {
   static const SkinnyIsa best = skinny_isa_supported(SkinnyIsa::kAvx512) ? SkinnyIsa::kAvx512
                                 : skinny_isa_supported(SkinnyIsa::kAvx)  ? SkinnyIsa::kAvx

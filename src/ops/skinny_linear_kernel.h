@@ -13,6 +13,10 @@ enum class SkinnyIsa { kBaseline, kAvx, kAvx512 };
 /// Whether this CPU runs `isa`'s loop.
 bool skinny_isa_supported(SkinnyIsa isa);
 
+/// Whether this CPU is AMD's (CPUID's vendor string): its FP adds run on pipes of their own, so
+/// the loop's separate multiply and add cost what an FMA does.
+bool cpu_is_amd();
+
 /// The widest loop this CPU runs.
 SkinnyIsa best_skinny_isa();
 

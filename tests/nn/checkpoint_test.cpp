@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dschat/nn/checkpoint.h"
+#include "dschat/ops/skinny_linear.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -64,6 +65,40 @@ TEST(CheckpointCallbacks, GradientsEqualTheUncheckpointedRun) {
   }
   EXPECT_LE(max_abs_diff(grads[0][0], grads[1][0]), 1e-6);
   EXPECT_LE(max_abs_diff(grads[0][1], grads[1][1]), 1e-6);
+}
+
+TEST(Checkpoint, TheFirstPassComputesTheRecomputesBitsThroughOpsLinear) {
+  // ops::linear on 4 rows without autograd is the skinny kernel, with autograd at::linear (MKL):
+  // within a checkpoint both passes take at::linear, so the output the loss sees is the one whose
+  // activations the backward differentiates.
+  torch::manual_seed(7);
+  const torch::Tensor weight = torch::randn({40, 96});    // [N, K]
+  const torch::Tensor trained = weight.clone().requires_grad_(true);  // [N, K]
+  const torch::Tensor x = torch::randn({4, 96});          // [B, K]
+  {
+    torch::NoGradGuard no_grad;
+    ASSERT_TRUE(ops::skinny_linear_applies(x, weight, {}));
+    ASSERT_FALSE(torch::equal(ops::linear(x, weight, {}), at::linear(x, weight, {})))
+        << "the two products round alike here: the test would not tell the passes apart";
+    ops::AtLinearGuard guard;
+    EXPECT_FALSE(ops::skinny_linear_applies(x, weight, {}));
+    {
+      ops::AtLinearGuard nested;
+    }
+    EXPECT_TRUE(ops::AtLinearGuard::active());
+  }
+  EXPECT_FALSE(ops::AtLinearGuard::active());
+  std::vector<torch::Tensor> seen;  // the segment's product in each pass
+  const auto segment = [&](const torch::Tensor& in) {  // [B, K] -> [B, N]
+    torch::Tensor y = ops::linear(in, trained, {});     // [B, N]
+    seen.push_back(y.detach().clone());
+    return y;
+  };
+  torch::Tensor y = nn::checkpoint(segment, x.clone().requires_grad_(true));  // [B, N]
+  y.sum().backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(torch::equal(seen[0], seen[1]));
+  EXPECT_TRUE(torch::equal(seen[0], at::linear(x, weight, {})));
 }
 
 TEST(CheckpointCallbacks, ParameterMaterialisedOnlyBetweenCallbacks) {

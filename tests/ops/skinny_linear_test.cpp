@@ -30,14 +30,14 @@ void expect_matches_float64(const torch::Tensor& y, const torch::Tensor& x, cons
 
 TEST(SkinnyLinear, MatchesAFloat64ProductForEveryRowCountAndTail) {
   for (int64_t k : {1, 7, 15, 16, 17, 33, 768}) {
-    for (int64_t rows : {1, 2, 3, 4, 5, 8}) {
+    for (int64_t rows : {1, 2, 3, 4, 5, 8, 9, 16, 27, 32}) {
       for (bool with_bias : {false, true}) {
         const torch::Tensor x = random({rows, k}, k * 100 + rows);  // [R, K]
         const torch::Tensor w = random({70, k}, k);                 // [N, K]
         const torch::Tensor b = with_bias ? random({70}, 5) : torch::Tensor();  // [N]
         torch::NoGradGuard no_grad;
-        ASSERT_TRUE(ops::skinny_linear_applies(x, w, b));
-        const torch::Tensor y = ops::linear(x, w, b);  // [R, N]
+        ASSERT_EQ(ops::skinny_linear_applies(x, w, b), rows <= ops::skinny_linear_auto_rows());
+        const torch::Tensor y = ops::skinny_linear(x, w, b);  // [R, N]
         ASSERT_EQ(y.sizes(), (std::vector<int64_t>{rows, 70}));
         expect_matches_float64(y, x, w, b, "k " + std::to_string(k) + " rows " + std::to_string(rows));
       }
@@ -72,27 +72,42 @@ TEST(SkinnyLinear, GivesTheSameBitsAtAnyThreadCount) {
 }
 
 TEST(SkinnyLinear, ARowsResultDoesNotDependOnTheOtherRowsInTheBatch) {
-  const torch::Tensor x = random({8, 129}, 1);   // [R, K]
-  const torch::Tensor w = random({90, 129}, 2);  // [N, K]
+  const int64_t batch = ops::kSkinnyLinearMaxRows;
+  const torch::Tensor x = random({batch, 129}, 1);  // [R, K]
+  const torch::Tensor w = random({90, 129}, 2);     // [N, K]
   torch::NoGradGuard no_grad;
   const torch::Tensor batched = ops::skinny_linear(x, w, torch::Tensor());  // [R, N]
-  for (int64_t r = 0; r < 8; ++r) {
-    for (int64_t rows : {1, 3}) {
-      if (r + rows > 8) continue;
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t rows : {1, 3, 8, 9, 17}) {  // one pass and several (8 rows per AVX-512 pass, 4 otherwise)
+      if (r + rows > batch) continue;
       const torch::Tensor alone = ops::skinny_linear(x.narrow(0, r, rows), w, torch::Tensor());
       EXPECT_TRUE(torch::equal(alone, batched.narrow(0, r, rows))) << "rows " << r << "+" << rows;
     }
   }
 }
 
+TEST(SkinnyLinear, LinearTakesItUpToThisMachinesRowCountThenAtLinear) {
+  const int64_t auto_rows = ops::skinny_linear_auto_rows();
+  ASSERT_TRUE(auto_rows == 8 || auto_rows == ops::kSkinnyLinearMaxRows) << auto_rows;
+  EXPECT_EQ(auto_rows == ops::kSkinnyLinearMaxRows,
+            ops::detail::cpu_is_amd() && ops::detail::skinny_isa_supported(ops::detail::SkinnyIsa::kAvx512));
+  const torch::Tensor x = random({auto_rows + 1, 40}, 1);  // [R, K]
+  const torch::Tensor w = random({30, 40}, 2);             // [N, K]
+  torch::NoGradGuard no_grad;
+  const torch::Tensor within = x.narrow(0, 0, auto_rows);  // [auto_rows, K]
+  EXPECT_TRUE(torch::equal(ops::linear(within, w, {}), ops::skinny_linear(within, w, {})));
+  EXPECT_FALSE(ops::skinny_linear_applies(x, w, {}));
+  EXPECT_TRUE(torch::equal(ops::linear(x, w, {}), at::linear(x, w, {})));
+}
+
 TEST(SkinnyLinear, EveryInstructionSetsLoopGivesTheSameBits) {
-  // 1-8 rows: the AVX-512 loop takes up to 8 rows per pass, the others 4 (a second pass beyond).
+  // 1-32 rows: the AVX-512 loop takes up to 8 rows per pass, the others 4 (more passes beyond).
   using ops::detail::SkinnyIsa;
-  const torch::Tensor x = random({8, 771}, 1);   // [R, K]: a k % 16 tail
+  const torch::Tensor x = random({ops::kSkinnyLinearMaxRows, 771}, 1);  // [R, K]: a k % 16 tail
   const torch::Tensor w = random({33, 771}, 2);  // [N, K]
   const torch::Tensor b = random({33}, 3);       // [N]
   int compared = 0;
-  for (int64_t rows = 1; rows <= 8; ++rows) {
+  for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 21, 32}) {
     const auto run = [&](SkinnyIsa isa) {
       torch::Tensor y = torch::empty({rows, 33});  // [R, N]
       ops::detail::skinny_linear_range(isa, x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
@@ -113,7 +128,7 @@ TEST(SkinnyLinear, EveryInstructionSetsLoopGivesTheSameBits) {
 TEST(SkinnyLinear, LeavesEverythingElseToAtLinear) {
   const torch::Tensor w = random({8, 12}, 2);  // [N, K]
   torch::NoGradGuard no_grad;
-  EXPECT_FALSE(ops::skinny_linear_applies(random({ops::kSkinnyLinearMaxRows + 1, 12}, 1), w, {}));
+  EXPECT_FALSE(ops::skinny_linear_applies(random({ops::skinny_linear_auto_rows() + 1, 12}, 1), w, {}));
   EXPECT_FALSE(ops::skinny_linear_applies(random({2, 12}, 1).to(torch::kBFloat16), w.to(torch::kBFloat16), {}));
   EXPECT_FALSE(ops::skinny_linear_applies(random({2, 12}, 1), random({12, 8}, 3).t(), {}));  // strided weight
   EXPECT_FALSE(ops::skinny_linear_applies(random({2, 12}, 1), w, random({9}, 4)));  // bias of the wrong size
@@ -126,13 +141,13 @@ TEST(SkinnyLinear, LeavesEverythingElseToAtLinear) {
     y.sum().backward();
     EXPECT_TRUE(trained.grad().defined());
   }
-  const torch::Tensor many = random({40, 12}, 5);  // [R, K]
+  const torch::Tensor many = random({ops::kSkinnyLinearMaxRows + 8, 12}, 5);  // [R, K]
   EXPECT_TRUE(torch::equal(ops::linear(many, w, {}), at::linear(many, w, {})));
   try {
     ops::skinny_linear(many, w, {});
-    FAIL() << "40 rows were taken";
+    FAIL() << "more than kSkinnyLinearMaxRows rows were taken";
   } catch (const core::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("1..8 rows"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1.." + std::to_string(ops::kSkinnyLinearMaxRows) + " rows"), std::string::npos) << e.what();
   }
 }
 

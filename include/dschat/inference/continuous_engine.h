@@ -84,7 +84,8 @@ struct ContinuousEngineOptions {
   int64_t block_size = 16;            // tokens per KV block
   int64_t kv_cache_memory = 64 << 20;  // bytes of the block pool (used when num_blocks is 0)
   int64_t num_blocks = 0;              // > 0: exactly this many blocks (tests force preemption)
-  int64_t max_running_sequences = 8;   // rows of one decode step (<= 8: the CPU's batch-invariant kernel)
+  int64_t max_running_sequences = 8;   // rows of one decode step (<= ops::skinny_linear_auto_rows(): the
+                                       // CPU's batch-invariant kernel)
   int64_t max_prefill_tokens = 512;    // prompt tokens prefilled per step (a longer prompt: in chunks)
   bool batched_prefill = true;         // one forward for all of a step's prefills; false: one per
                                        // prompt (each prefill's shapes then independent of the others)

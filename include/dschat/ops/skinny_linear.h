@@ -18,20 +18,44 @@
 namespace dschat {
 namespace ops {
 
-/// The most rows the skinny kernel takes; above it the product is compute-bound and MKL's GEMM,
-/// which reuses each weight from registers across rows, is faster (at 16 rows it was 1.2x faster
-/// on the LM head: docs/benchmarks.md, "Decode at the memory-bandwidth limit").
-constexpr int64_t kSkinnyLinearMaxRows = 8;
+/// The most rows the skinny kernel itself takes (ops::skinny_linear, tests and benchmarks).
+constexpr int64_t kSkinnyLinearMaxRows = 32;
+
+/// Up to how many rows linear() picks the skinny kernel on this CPU, fixed per machine (read from
+/// CPUID once; no timing, so every run on one machine computes the same bits): 32 on an AMD CPU
+/// with AVX-512, whose separate add pipes run the kernel's multiply and add at the rate of an FMA
+/// (on a 2-core Zen 4 it was 1.2-2.2x MKL's GEMM at 16 and 32 rows); 8 elsewhere, where adds and
+/// FMAs share ports and MKL's FMA GEMM wins above 8 rows (1.2x at 16 rows on the LM head on an
+/// AVX-512 Xeon). docs/benchmarks.md, "Decode at the memory-bandwidth limit" and "32 rows".
+int64_t skinny_linear_auto_rows();
+
+/// While alive on this thread, linear() runs at::linear whatever the row count: for a forward run
+/// twice, once without autograd and once recomputed with it (nn::checkpoint's segments), which
+/// must compute the same bits in both passes. Without it the first pass could take the skinny
+/// kernel and the recompute MKL's GEMM, so the gradient would belong to slightly different
+/// activations than the loss (Adam turns such noise on a parameter whose true gradient is 0, like
+/// a key bias, into full-size steps). Nests.
+class AtLinearGuard {
+ public:
+  AtLinearGuard();
+  ~AtLinearGuard();
+  AtLinearGuard(const AtLinearGuard&) = delete;
+  AtLinearGuard& operator=(const AtLinearGuard&) = delete;
+
+  /// Whether a guard is alive on this thread.
+  static bool active();
+};
 
 /// True when linear() runs the skinny kernel: CPU float32 tensors, weight [N, K] contiguous,
-/// 1..kSkinnyLinearMaxRows rows of x, no autograd recording the call.
+/// 1..skinny_linear_auto_rows() rows of x, no autograd recording the call, no AtLinearGuard.
 bool skinny_linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 /// x: [..., K]; weight: [N, K]; bias: [N] or undefined. Returns [..., N]: the skinny kernel where
 /// it applies, at::linear (one addmm with the bias fused) otherwise.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
-/// The skinny kernel itself (tests and benchmarks): same arguments; throws where it does not apply.
+/// The skinny kernel itself (tests and benchmarks) for 1..kSkinnyLinearMaxRows rows on any CPU: same
+/// arguments; throws where it does not apply.
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 }  // namespace ops
