@@ -24,7 +24,7 @@ constexpr int64_t kSkinnyLinearMaxRows = 32;
 /// Up to how many rows linear() picks the skinny kernel on this CPU, fixed per machine (read from
 /// CPUID once; no timing, so every run on one machine computes the same bits): 32 on an AMD CPU
 /// with AVX-512, whose separate add pipes run the kernel's multiply and add at the rate of an FMA
-/// (on a 2-core Zen 4 it was 1.2-3.2x MKL's GEMM at 16 and 32 rows); 8 elsewhere, where adds and
+/// (on a 2-core Zen 4 it was 1.1-3.2x MKL's GEMM at 16 and 32 rows); 8 elsewhere, where adds and
 /// FMAs share ports and MKL's FMA GEMM wins above 8 rows (1.2x at 16 rows on the LM head on an
 /// AVX-512 Xeon). docs/benchmarks.md, "Decode at the memory-bandwidth limit" and "Up to 32 rows".
 int64_t skinny_linear_auto_rows();
