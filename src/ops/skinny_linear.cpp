@@ -14,6 +14,11 @@ namespace {
 // layer (a tiny test model's 64 outputs) runs inline without forking the thread pool.
 constexpr int64_t kGrainOutputs = 64;
 
+// linear()'s skinny row limit on CPUs other than AMD's with AVX-512 (skinny_linear_auto_rows).
+constexpr int64_t kSkinnyRowsWhereFmaWins = 8;
+
+thread_local int at_linear_guards = 0;  // AtLinearGuards alive on this thread
+
 int64_t rows_of(const torch::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
 
 // CPU float32, a contiguous [N, K] weight, a bias of N or none, no autograd: the kernel's own
@@ -36,13 +41,9 @@ bool skinny_kernel_takes(const torch::Tensor& x, const torch::Tensor& weight, co
 int64_t skinny_linear_auto_rows() {
   static const int64_t rows = detail::skinny_isa_supported(detail::SkinnyIsa::kAvx512) && detail::cpu_is_amd()
                                   ? kSkinnyLinearMaxRows
-                                  : 8;
+                                  : kSkinnyRowsWhereFmaWins;
   return rows;
 }
-
-namespace {
-thread_local int at_linear_guards = 0;
-}  // namespace
 
 AtLinearGuard::AtLinearGuard() { ++at_linear_guards; }
 AtLinearGuard::~AtLinearGuard() { --at_linear_guards; }

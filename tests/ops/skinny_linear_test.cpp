@@ -147,7 +147,8 @@ TEST(SkinnyLinear, LeavesEverythingElseToAtLinear) {
     ops::skinny_linear(many, w, {});
     FAIL() << "more than kSkinnyLinearMaxRows rows were taken";
   } catch (const core::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("1.." + std::to_string(ops::kSkinnyLinearMaxRows) + " rows"), std::string::npos) << e.what();
+    const std::string range = "1.." + std::to_string(ops::kSkinnyLinearMaxRows) + " rows";
+    EXPECT_NE(std::string(e.what()).find(range), std::string::npos) << e.what();
   }
 }
 
