@@ -1,12 +1,8 @@
 #include "dschat/ops/paged_decode_attention.h"
 
-#include <ATen/Parallel.h>
-
-#include <algorithm>
-#include <cmath>
-
 #include "dschat/core/error.h"
 #include "dschat/ops/decode_attention.h"
+#include "ops/cpu_decode_attention.h"
 #include "ops/kernel_dispatch.h"
 
 #ifdef DSCHAT_WITH_CUDA
@@ -46,61 +42,33 @@ void check_arguments(const torch::Tensor& q, const torch::Tensor& key_slots, con
                InvalidArgument, "paged_decode_attention: q, the pool and the slots must be on one device");
 }
 
-// a . b over `dim` floats with 16 independent lanes (vectorised; a fixed order of additions).
-inline float dot(const float* a, const float* b, int64_t dim) {
-  float lanes[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= dim; i += 16) {
-    for (int l = 0; l < 16; ++l) lanes[l] += a[i + l] * b[i + l];
-  }
-  float sum = 0.0f;
-  for (int l = 0; l < 16; ++l) sum += lanes[l];
-  for (; i < dim; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 torch::Tensor run_cpu_kernel(const torch::Tensor& q, const torch::Tensor& key_slots, const torch::Tensor& value_slots,
                              const torch::Tensor& slots, const std::vector<int64_t>& lengths, double scale) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3), width = slots.size(1);
-  const int64_t kv_heads = key_slots.size(1) / dim, group = heads / kv_heads, row_floats = kv_heads * dim;
-  torch::Tensor queries = q.contiguous();                             // [B, H, 1, D]
+  torch::Tensor queries = q.contiguous();                                          // [B, H, 1, D]
   torch::Tensor keys = key_slots.contiguous(), values = value_slots.contiguous();  // [N, H_kv * D]
-  torch::Tensor table = slots.contiguous();                           // [B, S]
-  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());  // [B, H, 1, D]
-  const float* q_data = queries.data_ptr<float>();
-  const float* k_data = keys.data_ptr<float>();
-  const float* v_data = values.data_ptr<float>();
+  torch::Tensor table = slots.contiguous();                                        // [B, S]
+  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());           // [B, H, 1, D]
   const int64_t* slot_data = table.data_ptr<int64_t>();
-  float* out_data = out.data_ptr<float>();
-  const float score_scale = static_cast<float>(scale);
-  // One task per (row, kv head): its G query heads read each of the row's keys and values once.
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;  // [G, L]
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kv_heads, j = task % kv_heads, length = lengths[b];
-      const int64_t* row_slots = slot_data + b * width + (width - length);
-      scores.assign(static_cast<size_t>(group * length), 0.0f);
-      for (int64_t t = 0; t < length; ++t) {
-        const float* key = k_data + row_slots[t] * row_floats + j * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          scores[g * length + t] = dot(q_data + (b * heads + j * group + g) * dim, key, dim) * score_scale;
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * length;
-        const float top = *std::max_element(s, s + length);
-        float total = 0.0f;
-        for (int64_t t = 0; t < length; ++t) total += (s[t] = std::exp(s[t] - top));
-        float* o = out_data + (b * heads + j * group + g) * dim;
-        std::fill(o, o + dim, 0.0f);
-        for (int64_t t = 0; t < length; ++t) {
-          const float weight = s[t] / total;
-          const float* value = v_data + row_slots[t] * row_floats + j * dim;
-          for (int64_t d = 0; d < dim; ++d) o[d] += weight * value[d];
-        }
-      }
-    }
-  });
+  detail::CpuDecodeAttentionArgs args;
+  args.q = queries.data_ptr<float>();
+  args.out = out.data_ptr<float>();
+  args.batch = batch;
+  args.heads = heads;
+  args.kv_heads = key_slots.size(1) / dim;
+  args.dim = dim;
+  args.k = keys.data_ptr<float>();
+  args.v = values.data_ptr<float>();
+  args.k_head_stride = args.v_head_stride = dim;  // kv head j at offset j * D of a slot's row
+  args.row_begin.assign(1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t* row_slots = slot_data + b * width + (width - lengths[b]);  // the row's last lengths[b] columns
+    for (int64_t t = 0; t < lengths[b]; ++t) args.key_offsets.push_back(row_slots[t] * args.kv_heads * dim);
+    args.row_begin.push_back(static_cast<int64_t>(args.key_offsets.size()));
+  }
+  args.value_offsets = args.key_offsets;
+  args.scale = static_cast<float>(scale);
+  detail::cpu_decode_attention(args);
   return out;
 }
 

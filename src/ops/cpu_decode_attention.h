@@ -1,0 +1,38 @@
+#pragma once
+// The CPU loop of one decode step's attention in fp32, shared by decode_attention (a contiguous
+// cache) and paged_decode_attention (a block pool read through slots): both list each row's keys
+// by offset, so a row whose real keys hold the same values in the same order gets the same bits
+// from either cache, whatever else is in the batch and at any thread count.
+
+#include <cstdint>
+#include <vector>
+
+namespace dschat {
+namespace ops {
+namespace detail {
+
+struct CpuDecodeAttentionArgs {
+  const float* q = nullptr;  // [B, H, D], contiguous
+  float* out = nullptr;      // [B, H, D], contiguous
+  int64_t batch = 0, heads = 0, kv_heads = 0, dim = 0;
+  const float* k = nullptr;  // row b's i-th key of kv head j: k + key_offsets[row_begin[b] + i] + j * k_head_stride
+  const float* v = nullptr;  // its value: v + value_offsets[row_begin[b] + i] + j * v_head_stride
+  int64_t k_head_stride = 0, v_head_stride = 0;
+  std::vector<int64_t> row_begin;      // [B + 1]: row b's keys are entries [row_begin[b], row_begin[b + 1])
+  std::vector<int64_t> key_offsets;    // [row_begin[B]]
+  std::vector<int64_t> value_offsets;  // [row_begin[B]]
+  // Rows whose every key is masked: their listed keys are all the frame's positions and get one
+  // weight each (the reference's softmax over equal lowest-value scores), empty = none.
+  std::vector<char> uniform_rows;      // [B] or empty
+  float scale = 1.0f;
+};
+
+/// out[b, h] = softmax_i(q[b, h] . k_i * scale) . v_i over row b's listed keys, query head h
+/// reading kv head h / (H / H_kv). One task per (row, kv head) over at::parallel_for; each
+/// element's arithmetic is fixed (16-lane dot products, keys in listed order), so the result does
+/// not depend on the thread count or on the other rows.
+void cpu_decode_attention(const CpuDecodeAttentionArgs& args);
+
+}  // namespace detail
+}  // namespace ops
+}  // namespace dschat
