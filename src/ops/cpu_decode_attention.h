@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/skinny_linear_kernel.h"  // SkinnyIsa: the instruction sets the CPU loops are compiled for
+
 namespace dschat {
 namespace ops {
 namespace detail {
@@ -29,9 +31,10 @@ struct CpuDecodeAttentionArgs {
 
 /// out[b, h] = softmax_i(q[b, h] . k_i * scale) . v_i over row b's listed keys, query head h
 /// reading kv head h / (H / H_kv). One task per (row, kv head) over at::parallel_for; each
-/// element's arithmetic is fixed (16-lane dot products, keys in listed order), so the result does
-/// not depend on the thread count or on the other rows.
-void cpu_decode_attention(const CpuDecodeAttentionArgs& args);
+/// element's arithmetic is fixed (16-lane dot products, keys in listed order) and the same for
+/// every `isa`, so the result depends neither on the thread count, the other rows nor the loop
+/// this CPU runs.
+void cpu_decode_attention(const CpuDecodeAttentionArgs& args, SkinnyIsa isa = best_skinny_isa());
 
 }  // namespace detail
 }  // namespace ops

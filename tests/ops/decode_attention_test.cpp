@@ -12,6 +12,7 @@
 #include "dschat/nn/attention.h"
 #include "dschat/ops/decode_attention.h"
 #include "dschat/ops/paged_decode_attention.h"
+#include "ops/cpu_decode_attention.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -191,6 +192,46 @@ TEST(DecodeAttentionOpCpuTest, TheSameBitsAtAnyThreadCount) {
   torch::Tensor many = ops::decode_attention(q, k, v, mask, 45, 0.125);
   at::set_num_threads(threads);
   EXPECT_TRUE(torch::equal(one, many));
+}
+
+// The baseline, AVX and AVX-512 loops compute every element with the same operations: the same
+// bits, a head dim with a tail (D = 40: two 16-float blocks and 8), a fully masked row included.
+TEST(DecodeAttentionOpCpuTest, EveryInstructionSetGivesTheSameBits) {
+  using ops::detail::SkinnyIsa;
+  torch::manual_seed(23);
+  const int64_t batch = 3, heads = 6, kv_heads = 3, dim = 40, length = 37;
+  torch::Tensor q = torch::randn({batch, heads, 1, dim});      // [B, H, 1, D]
+  torch::Tensor k = torch::randn({batch, kv_heads, length, dim});  // [B, H_kv, S, D]
+  torch::Tensor v = torch::randn({batch, kv_heads, length, dim});  // [B, H_kv, S, D]
+  auto run = [&](SkinnyIsa isa) {
+    torch::Tensor out = torch::empty({batch, heads, 1, dim});  // [B, H, 1, D]
+    ops::detail::CpuDecodeAttentionArgs args;
+    args.q = q.data_ptr<float>();
+    args.out = out.data_ptr<float>();
+    args.batch = batch;
+    args.heads = heads;
+    args.kv_heads = kv_heads;
+    args.dim = dim;
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+    args.k_head_stride = args.v_head_stride = k.stride(1);
+    args.row_begin = {0};
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = b; t < length; ++t) args.key_offsets.push_back(b * k.stride(0) + t * k.stride(2));  // b masked
+      args.row_begin.push_back(static_cast<int64_t>(args.key_offsets.size()));
+    }
+    args.value_offsets = args.key_offsets;
+    args.uniform_rows = {0, 0, 1};
+    args.scale = 0.15f;
+    ops::detail::cpu_decode_attention(args, isa);
+    return out;
+  };
+  const torch::Tensor baseline = run(SkinnyIsa::kBaseline);
+  EXPECT_FALSE(baseline.isnan().any().item<bool>());
+  for (SkinnyIsa isa : {SkinnyIsa::kAvx, SkinnyIsa::kAvx512}) {
+    if (!ops::detail::skinny_isa_supported(isa)) continue;
+    EXPECT_TRUE(torch::equal(run(isa), baseline)) << "isa " << static_cast<int>(isa);
+  }
 }
 
 TEST(DecodeAttentionOpCpuTest, BadArgumentsAreNamed) {
