@@ -1,0 +1,68 @@
+// A decode step's attention on the CPU, side by side in one process: ops::decode_attention (the
+// CPU loop it shares with paged_decode_attention) against decode_attention_reference (ATen's
+// batched matmul, MKL's gemv per head: what ran before), fp32, OPT-125m's heads (12 of 64) unless
+// set, every key real. A figure is the median of --reps calls after one warm-up; GB/s = the keys'
+// and values' bytes / time (each is read once per call). Also prints the largest |loop - reference|.
+//
+//   dschat_decode_attention_bench [--rows 8,32] [--keys 64,256] [--heads 12] [--dim 64] [--threads 2] [--reps 51]
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+#include "bench_util.h"
+#include "dschat/ops/decode_attention.h"
+
+namespace {
+
+double median_call_ms(const std::function<void()>& call, int64_t reps) {
+  call();  // warm-up: the cache's pages, the thread pool
+  std::vector<double> ms;
+  for (int64_t i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  return dschat::bench::median(ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dschat CPU decode-attention benchmark against its ATen reference"};
+  std::vector<int64_t> row_counts = {8, 32}, key_counts = {64, 256};
+  int64_t heads = 12, dim = 64, threads = 2, reps = 51;
+  app.add_option("--rows", row_counts, "Batch rows (comma separated)")->delimiter(',')->capture_default_str();
+  app.add_option("--keys", key_counts, "Keys per row (comma separated)")->delimiter(',')->capture_default_str();
+  app.add_option("--heads", heads, "Query heads = kv heads")->capture_default_str();
+  app.add_option("--dim", dim, "Head dim")->capture_default_str();
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--reps", reps, "Timed calls per case")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(static_cast<int>(threads));
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  std::printf("| rows | keys | KV MB | reference ms | loop ms | reference / loop | reference GB/s | loop GB/s | max abs diff |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  for (int64_t rows : row_counts) {
+    for (int64_t keys : key_counts) {
+      const torch::Tensor q = torch::randn({rows, heads, 1, dim});        // [B, H, 1, D]
+      const torch::Tensor k = torch::randn({rows, heads, keys, dim});     // [B, H, S, D]
+      const torch::Tensor v = torch::randn({rows, heads, keys, dim});     // [B, H, S, D]
+      const torch::Tensor mask = torch::ones({rows, keys}, torch::kInt64);  // [B, S]
+      const double mb = 2.0 * 4e-6 * static_cast<double>(rows * heads * keys * dim);
+      torch::Tensor reference, loop;  // [B, H, 1, D]
+      const double reference_ms = median_call_ms(
+          [&] { reference = dschat::ops::decode_attention_reference(q, k, v, mask, keys, scale); }, reps);
+      const double loop_ms =
+          median_call_ms([&] { loop = dschat::ops::decode_attention(q, k, v, mask, keys, scale); }, reps);
+      std::printf("| %lld | %lld | %.1f | %.3f | %.3f | %.2f | %.1f | %.1f | %.1e |\n", static_cast<long long>(rows),
+                  static_cast<long long>(keys), mb, reference_ms, loop_ms, reference_ms / loop_ms,
+                  mb / reference_ms, mb / loop_ms, (reference - loop).abs().max().item<double>());
+    }
+  }
+  return 0;
+}
