@@ -8,27 +8,12 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdio>
-#include <functional>
 
 #include "bench_util.h"
 #include "dschat/ops/decode_attention.h"
 
-namespace {
-
-double median_call_ms(const std::function<void()>& call, int64_t reps) {
-  call();  // warm-up: the cache's pages, the thread pool
-  std::vector<double> ms;
-  for (int64_t i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    call();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  return dschat::bench::median(ms);
-}
-
-}  // namespace
+using dschat::bench::median_call_ms;
 
 int main(int argc, char** argv) {
   CLI::App app{"dschat CPU decode-attention benchmark against its ATen reference"};
@@ -44,7 +29,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(static_cast<int>(threads));
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
-  std::printf("| rows | keys | KV MB | reference ms | loop ms | reference / loop | reference GB/s | loop GB/s | max abs diff |\n"
+  std::printf("| rows | keys | KV MB | reference ms | loop ms | reference / loop | reference GB/s | loop GB/s | "
+              "max abs diff |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   for (int64_t rows : row_counts) {
@@ -55,10 +41,12 @@ int main(int argc, char** argv) {
       const torch::Tensor mask = torch::ones({rows, keys}, torch::kInt64);  // [B, S]
       const double mb = 2.0 * 4e-6 * static_cast<double>(rows * heads * keys * dim);
       torch::Tensor reference, loop;  // [B, H, 1, D]
-      const double reference_ms = median_call_ms(
-          [&] { reference = dschat::ops::decode_attention_reference(q, k, v, mask, keys, scale); }, reps);
-      const double loop_ms =
-          median_call_ms([&] { loop = dschat::ops::decode_attention(q, k, v, mask, keys, scale); }, reps);
+      const auto run_reference = [&] {
+        reference = dschat::ops::decode_attention_reference(q, k, v, mask, keys, scale);
+      };
+      const auto run_loop = [&] { loop = dschat::ops::decode_attention(q, k, v, mask, keys, scale); };
+      const double reference_ms = median_call_ms(run_reference, reps);
+      const double loop_ms = median_call_ms(run_loop, reps);
       std::printf("| %lld | %lld | %.1f | %.3f | %.3f | %.2f | %.1f | %.1f | %.1e |\n", static_cast<long long>(rows),
                   static_cast<long long>(keys), mb, reference_ms, loop_ms, reference_ms / loop_ms,
                   mb / reference_ms, mb / loop_ms, (reference - loop).abs().max().item<double>());

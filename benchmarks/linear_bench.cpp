@@ -9,30 +9,11 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdio>
-#include <functional>
 #include <iostream>
 
 #include "bench_util.h"
 #include "dschat/ops/skinny_linear.h"
-
-namespace {
-
-using dschat::bench::median;
-
-double median_ms(const std::function<void()>& call, int64_t reps) {
-  call();  // warm-up: the weight's pages, the thread pool
-  std::vector<double> ms;
-  for (int64_t i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    call();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  return median(ms);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dschat skinny-linear benchmark against at::linear"};
@@ -54,13 +35,13 @@ int main(int argc, char** argv) {
       const torch::Tensor w = torch::randn({out, in});      // [N, K]
       const torch::Tensor b = torch::randn({out});          // [N]
       const double gb = 4e-9 * static_cast<double>(out * in);
-      const double aten_ms = median_ms([&] { at::linear(x, w, b); }, reps);
+      const double aten_ms = dschat::bench::median_call_ms([&] { at::linear(x, w, b); }, reps);
       if (!dschat::ops::skinny_linear_applies(x, w, b)) {
         std::printf("| %lld | %lldx%lld | %.3f | - | - | %.1f | - | - |\n", static_cast<long long>(rows),
                     static_cast<long long>(out), static_cast<long long>(in), aten_ms, gb / aten_ms * 1e3);
         continue;
       }
-      const double skinny_ms = median_ms([&] { dschat::ops::skinny_linear(x, w, b); }, reps);
+      const double skinny_ms = dschat::bench::median_call_ms([&] { dschat::ops::skinny_linear(x, w, b); }, reps);
       const double diff = (dschat::ops::skinny_linear(x, w, b) - at::linear(x, w, b)).abs().max().item<double>();
       std::printf("| %lld | %lldx%lld | %.3f | %.3f | %.2f | %.1f | %.1f | %.1e |\n", static_cast<long long>(rows),
                   static_cast<long long>(out), static_cast<long long>(in), aten_ms, skinny_ms, aten_ms / skinny_ms,
