@@ -11,7 +11,7 @@
 # ~25 CPU-minutes, a few minutes on 16 cores). Every part runs under its own timeout and inside
 # one overall budget (DSCHAT_GPU_BUDGET seconds, default 470: the issue's 8 minutes less the
 # start), most important first, so one hang or a slow part still leaves the rest's results:
-#   1. cuda_tests: kernels vs ATen, CUDA-graph decode vs eager (OPT and LLaMA), the sync-debug
+#   1. cuda_tests: kernels vs ATen, CUDA-graph decode vs eager (static and continuous engines), the sync-debug
 #      run of SFT, RM and PPO (fails on any unmarked host sync), HybridEngine's 100 switches;
 #   2. on_device_tests: dschat_tests' per-device cases on cuda (fp32 steps vs the CPU, bf16/fp16
 #      learning, greedy ids vs transformers, HybridEngine, async checkpoints);

@@ -59,8 +59,6 @@ HybridEngine::HybridEngine(models::CausalLM actor, HybridEngineOptions options)
   // Data-parallel ranks generate their own prompts; under ZeRO-3 every forward is collective,
   // so a rank that finished early keeps stepping (either engine). A TP group shares one batch and
   // one schedule: no lockstep.
-  DSCHAT_CHECK(!he.continuous_batching || !he.enable_cuda_graph, ConfigError,
-               "hybrid_engine.continuous_batching does not capture CUDA graphs yet: set enable_cuda_graph false");
   DSCHAT_CHECK(!he.prefix_caching || he.continuous_batching, ConfigError,
                "hybrid_engine.prefix_caching needs continuous_batching (the static engine shares no KV blocks)");
   if (world > 1 && he.inference_tp_size == 1) inference_options.lockstep = training_->communicator();
@@ -223,6 +221,7 @@ inference::GenerationResult HybridEngine::generate_continuous(const torch::Tenso
     inference::ContinuousEngineOptions options;
     options.max_running_sequences = he.max_running_sequences;
     options.prefix_caching = he.prefix_caching;  // set_model() empties it after every weight update
+    options.enable_cuda_graph = he.enable_cuda_graph;  // set_model() drops the graphs too
     options.size_pool(he.kv_cache_memory_mib << 20, he.max_running_sequences, he.max_out_tokens);
     if (training_->world_size() > 1 && he.inference_tp_size == 1) options.lockstep = training_->communicator();
     continuous_ = std::make_unique<inference::ContinuousEngine>(model, options);

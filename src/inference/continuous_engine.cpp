@@ -2,10 +2,12 @@
 
 #include <algorithm>
 
+#include "core/log.h"
 #include "dschat/core/error.h"
 #include "dschat/inference/logits_processing.h"
 #include "dschat/inference/paged_kv_cache.h"
 #include "inference/continuous_sequence.h"
+#include "inference/paged_decode_graph.h"
 #include "inference/row_sampling.h"
 
 namespace dschat {
@@ -39,7 +41,9 @@ void ContinuousEngine::set_model(models::CausalLM model) {
                "schedule and need none");
   DSCHAT_CHECK(!has_work(), InvalidArgument, "continuous engine: set_model() needs an idle engine");
   model_ = std::move(model);
-  // Cached keys/values belong to the old weights (also when the same module was trained in place).
+  // Cached keys/values belong to the old weights (also when the same module was trained in place),
+  // and captured graphs read the old parameters (and maybe the old pool) by address.
+  graphs_.reset();
   prefix_cache_.reset();
   const torch::Tensor first = model_->parameters().front();  // a copy: parameters() is a temporary
   const core::ModelConfig& config = model_->config();
@@ -278,17 +282,41 @@ void ContinuousEngine::decode(std::vector<Sequence*> rows) {
     table.push_back({&sequence->blocks, sequence->cached});
     last.push_back(sequence->tokens.back());
   }
-  PagedKvCache cache(*pool_, table, 1);
-  cache.gather_for_attention = options_.gather_for_attention;
-  torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
   if (options_.lockstep) vote_for_forward();
-  torch::Tensor hidden =
-      model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);  // [B, 1, E]
-  torch::Tensor logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);  // [B, V]
+  torch::Tensor logits;  // [B, V]
+  const bool use_graphs = graphs_apply();
+  if (use_graphs || options_.fixed_frame_decode) {
+    if (!graphs_) graphs_ = std::make_unique<PagedDecodeGraphs>(*pool_);
+    const int64_t replays_before = graphs_->replays();
+    logits = graphs_->step(model_, table, last, use_graphs);  // undefined: decode through the frame below
+    stats_.cuda_graph_replays += graphs_->replays() - replays_before;
+  }
+  if (!logits.defined()) {
+    PagedKvCache cache(*pool_, table, 1);
+    cache.gather_for_attention = options_.gather_for_attention;
+    torch::Tensor ids = torch::tensor(last, torch::kInt64).to(pool_->storage().device()).unsqueeze(1);  // [B, 1]
+    torch::Tensor hidden =
+        model_->hidden_states(ids, cache.attention_mask(), &cache, nn::MaskLayout::kLeftPadded);  // [B, 1, E]
+    logits = model_->lm_logits(hidden.select(1, -1)).to(torch::kFloat32);                        // [B, V]
+  }
   ++stats_.decode_forwards;
   stats_.decode_rows += batch;
   for (Sequence* sequence : ready) sequence->cached += 1;
   sample_into(ready, logits);
+}
+
+bool ContinuousEngine::graphs_apply() {
+  const torch::Device device = pool_->storage().device();
+  const models::Backbone& backbone = model_->backbone();
+  const bool apply = options_.enable_cuda_graph && device.is_cuda() && PagedDecodeGraphs::compiled() &&
+                     !options_.lockstep && !options_.gather_for_attention &&
+                     backbone.layer_parameter_hooks() == nullptr && backbone.tensor_parallel_group() == nullptr;
+  if (options_.enable_cuda_graph && !apply && !graph_skip_logged_) {
+    graph_skip_logged_ = true;
+    core::log_debug("continuous engine: enable_cuda_graph has no effect here (device ", device,
+                    options_.lockstep ? ", lockstep" : "", ")");
+  }
+  return apply;
 }
 
 void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, const torch::Tensor& logits) {

@@ -2,15 +2,12 @@
 
 #include <map>
 
-#include "core/log.h"
 #include "dschat/core/error.h"
 #include "dschat/nn/kv_cache.h"
+#include "inference/graph_capture.h"
 
 #ifdef DSCHAT_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace dschat {
@@ -65,46 +62,10 @@ void run_step(models::CausalLM& model, const KvWorkspace& workspace, Entry& e) {
 }
 
 #ifdef DSCHAT_WITH_CUDA
-// Warm-up then capture on a side stream (capture needs a non-default stream; the warm-up creates
-// the stream's cuBLAS workspace and the lazily allocated buffers outside the graph). Returns false
-// when the model's step cannot be captured (it synchronises with the host somewhere).
+// Captures this batch size's step (graph_capture.h); false when it cannot be captured.
 bool capture_step(models::CausalLM& model, const KvWorkspace& workspace, Entry& e) {
-  const torch::Device device = e.ids.device();
-  c10::cuda::CUDAGuard device_guard(device);
-  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
-  at::cuda::CUDAEvent inputs_ready;
-  inputs_ready.record(current);
-  inputs_ready.block(side);
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  bool captured = false;
-  try {
-    c10::cuda::CUDAStreamGuard stream_guard(side);
-    run_step(model, workspace, e);
-    // Thread-local mode: other threads' CUDA calls are not this capture's business.
-    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    try {
-      run_step(model, workspace, e);
-    } catch (...) {
-      try {
-        graph->capture_end();  // ends the (invalidated) capture; its own error is the same failure
-      } catch (...) {
-      }
-      throw;
-    }
-    graph->capture_end();
-    captured = true;
-  } catch (const std::exception& error) {
-    (void)cudaGetLastError();  // a failed capture leaves its status behind
-    std::string what = error.what();
-    core::log_warn_once("inference engine: the decode step of this model cannot be captured as a CUDA graph (",
-                        what.substr(0, what.find('\n')), "); it decodes eagerly");
-  }
-  at::cuda::CUDAEvent side_done;
-  side_done.record(side);
-  side_done.block(current);
-  if (captured) e.graph = std::move(graph);
-  return captured;
+  e.graph = capture_decode_graph(e.ids.device(), [&] { run_step(model, workspace, e); }, "inference engine");
+  return e.graph != nullptr;
 }
 #endif
 

@@ -62,6 +62,18 @@ PagedKvCache::PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, cons
   mask_ = to_tensor(mask).view({batch_, frame});     // [B, W + T]
 }
 
+PagedKvCache::PagedKvCache(KvBlockPool& pool, torch::Tensor write_slots, torch::Tensor read_slots, torch::Tensor mask,
+                           std::vector<int64_t> lengths)
+    : pool_(&pool), batch_(mask.size(0)), width_(mask.size(1) - 1), new_tokens_(1), padded_(true),
+      write_slots_(std::move(write_slots)), read_slots_(std::move(read_slots)), mask_(std::move(mask)),
+      lengths_(std::move(lengths)) {
+  DSCHAT_CHECK(mask_.dim() == 2 && mask_.size(1) >= 1 && write_slots_.numel() == batch_ &&
+                   read_slots_.numel() == mask_.numel() && static_cast<int64_t>(lengths_.size()) == batch_,
+               InvalidArgument, "paged kv cache: expected write_slots [B], read_slots [B * (W + 1)], mask [B, W + 1] ",
+               "and B lengths, got ", write_slots_.sizes(), ", ", read_slots_.sizes(), ", ", mask_.sizes(), " and ",
+               lengths_.size());
+}
+
 torch::Tensor PagedKvCache::attend_decode_step(int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
                                                const torch::Tensor& v, double scale) {
   if (gather_for_attention || new_tokens_ != 1) return {};

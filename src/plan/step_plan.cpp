@@ -190,14 +190,6 @@ void check_tp(StepPlan& plan, int64_t tp, int64_t world) {
                         std::to_string(world) + " (the hybrid engine refuses it)";
 }
 
-// HybridEngine's refusal of continuous_batching with CUDA graphs, as a config problem.
-void check_continuous(StepPlan& plan, const rlhf::PolicyStepConfig& policy) {
-  if (policy.continuous_batching && policy.enable_cuda_graph) {
-    plan.config_problem = "continuous_batching does not capture CUDA graphs yet: enable_cuda_graph must be false "
-                          "(the hybrid engine refuses it)";
-  }
-}
-
 // The max_seq_len of a step that pads its rows to the batch's longest (0: one that does not).
 int64_t supervised_max_seq_len(const rlhf::PipelineConfig& c, int step) {
   switch (c.kind_of(step)) {
@@ -277,7 +269,6 @@ void plan_ppo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, int
       frozen_setup("reward", critic_source, critic_shape, true, dtype, p.critic.zero_stage, p.offload_reward_model));
   const int64_t rows_per_batch = p.per_device_generation_batch_size;
   check_tp(plan, p.inference_tp_size, b.world());
-  check_continuous(plan, p);
   const int64_t max_out = p.max_prompt_seq_len + p.max_answer_seq_len;
   add_generation(b, actor, rows_per_batch, max_out, p);
   const PassShape full{rows_per_batch, max_out};
@@ -328,7 +319,6 @@ void plan_grpo(StepBuilder& b, StepPlan& plan, const rlhf::PipelineConfig& c, in
   }
   const int64_t rows_per_batch = g.per_device_generation_batch_size * g.n_samples_per_prompt;
   check_tp(plan, g.inference_tp_size, b.world());
-  check_continuous(plan, g);
   const int64_t max_out = g.max_prompt_seq_len + g.max_answer_seq_len;
   add_generation(b, actor, rows_per_batch, max_out, g);
   const PassShape full{g.per_device_training_batch_size, max_out};

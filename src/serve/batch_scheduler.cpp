@@ -47,6 +47,7 @@ BatchScheduler::BatchScheduler(models::CausalLM model, tokenizer::Tokenizer toke
   engine_options_.max_running_sequences = options_.max_batch_rows;
   engine_options_.prefix_caching = options_.prefix_caching;
   engine_options_.batched_prefill = options_.batched_prefill;
+  engine_options_.enable_cuda_graph = engine_options.enable_cuda_graph;
   // By default half the rows at their full context: most answers end long before it.
   engine_options_.size_pool(options_.kv_cache_memory, std::max<int64_t>(1, options_.max_batch_rows / 2),
                             engine_options.max_out_tokens);

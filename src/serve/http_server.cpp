@@ -221,10 +221,6 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
   DSCHAT_CHECK(options.max_body_bytes >= 1024, InvalidArgument, "serve: max_body_bytes must be at least 1024, got ",
                options.max_body_bytes);
   State& state = *state_;
-  if (state.options.enable_cuda_graph) {
-    core::log_warn("serve: --cuda-graph has no effect: requests decode through the continuous engine, which does "
-                   "not capture CUDA graphs yet");
-  }
   std::set<std::string> names;
   const int64_t now =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -234,6 +230,7 @@ Server::Server(std::vector<ServedModel> models, ServerOptions options) : state_(
                  "' is given twice; name them apart with --model NAME=DIR");
     inference::InferenceEngineOptions engine;
     engine.max_out_tokens = state.options.max_out_tokens;
+    engine.enable_cuda_graph = state.options.enable_cuda_graph;  // the continuous engine's decode steps
     ModelSlot slot;
     slot.name = served.name;
     slot.vocab_size = served.model->config().vocab_size;

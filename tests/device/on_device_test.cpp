@@ -150,20 +150,25 @@ TEST_P(OnDevice, GreedyGenerationGivesTransformersIds) {
 
 // The continuous engine on the device: decode steps attend through the block tables in place (on
 // CUDA decode_attention's kernel in paged mode, on the CPU its CPU kernel) and give transformers'
-// ids, as the gathering reference path does.
+// ids, as the gathering reference path does, as the fixed-shape layout of its CUDA graphs does run
+// eagerly, and (CUDA) as its graphs do, every decode step replayed.
 TEST_P(OnDevice, ContinuousEngineGivesTransformersIds) {
   for (const std::string fixture : {"opt-preln", "llama-gqa"}) {
     const GreedyCase c = greedy_case(fixture, device());
     auto model = load_on(fixture, device());
-    for (bool gather : {false, true}) {
+    for (const std::string mode : {"in place", "gathered", "fixed frame", "cuda graphs"}) {
       inference::ContinuousEngineOptions options;
       options.block_size = 4;
       options.num_blocks = 64;
-      options.gather_for_attention = gather;
+      options.gather_for_attention = mode == "gathered";
+      options.fixed_frame_decode = mode == "fixed frame";
+      options.enable_cuda_graph = mode == "cuda graphs";
       inference::ContinuousEngine engine(model, options);
       torch::Tensor got = engine.generate(c.ids, c.mask, c.config).sequences.cpu();  // [B, T + N]
-      EXPECT_TRUE(torch::equal(got, c.expected)) << fixture << (gather ? " gathered" : " in place") << "\n" << got
-                                                 << "\n" << c.expected;
+      EXPECT_TRUE(torch::equal(got, c.expected)) << fixture << " " << mode << "\n" << got << "\n" << c.expected;
+      const bool replayed = mode == "cuda graphs" && device().is_cuda();
+      EXPECT_EQ(engine.stats().cuda_graph_replays, replayed ? engine.stats().decode_forwards : 0)
+          << fixture << " " << mode;
     }
   }
 }

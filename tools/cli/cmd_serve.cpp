@@ -130,7 +130,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-template", o->chat_template,
                   "'deepspeed' (DeepSpeed-Chat's Human:/Assistant:), a .jinja file or a JSON template file "
                   "(default: the tokenizer directory's Jinja chat template, else DeepSpeed-Chat's)");
-  cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "No effect for now (the continuous engine captures no CUDA graphs yet; warns)");
+  cmd->add_flag("--cuda-graph", o->server.enable_cuda_graph, "Decode steps as CUDA graphs (CUDA devices; no effect on the CPU)");
   cmd->add_option("--max-connections", o->server.max_connections, "Open connections at most (503 beyond)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -57,7 +57,9 @@
 // rank has work. With lockstep only generate() (or step() on every rank, until
 // lockstep_work_left() is false on all) may be called.
 //
-// Not yet: CUDA graphs. Not thread-safe.
+// With enable_cuda_graph on a CUDA pool, decode steps replay CUDA graphs captured over a
+// fixed-shape frame (rows and cached width rounded up to buckets; paged_decode_graph.h), the
+// continuous counterpart of InferenceEngine's; prefills run eagerly. Not thread-safe.
 
 #include <torch/torch.h>
 
@@ -92,6 +94,14 @@ struct ContinuousEngineOptions {
   bool gather_for_attention = false;   // decode steps gather the blocks into a copy (the reference
                                        // path) instead of attending in place (ops::paged_decode_attention)
   bool prefix_caching = false;         // keep full blocks for later prompts with the same prefix
+  /// Capture the decode step as CUDA graphs (CUDA pools only; ignored on CPU): one per bucket of
+  /// rows (a power of two) and cached width (a power-of-two number of blocks), replayed over static
+  /// buffers (src/inference/paged_decode_graph.h; a free pool block serves each step as scratch).
+  /// Not with lockstep, layer-parameter hooks, a tensor-parallel shard or gather_for_attention.
+  bool enable_cuda_graph = false;
+  /// Run that fixed-shape decode layout eagerly, on any device and without capturing: checks its
+  /// arithmetic where no GPU is present (the tests).
+  bool fixed_frame_decode = false;
   /// Data-parallel ranks whose forwards are collective (ZeRO-3): every rank runs as many forwards
   /// as the busiest (idle ones where it has none). Not with a tensor-parallel shard.
   std::shared_ptr<dist::Communicator> lockstep;
@@ -147,7 +157,10 @@ struct ContinuousStats {
   int64_t parked_samples = 0;    // samples prefilled with their prompt that waited for a free row
   int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache instead of prefilled
   int64_t idle_forwards = 0;      // lockstep: one-token forwards run while another rank had work
+  int64_t cuda_graph_replays = 0;  // decode forwards served by a captured CUDA graph
 };
+
+class PagedDecodeGraphs;  // private (src/inference/paged_decode_graph.h)
 
 class ContinuousEngine {
  public:
@@ -239,6 +252,9 @@ class ContinuousEngine {
   bool reserve_decode_slot(Sequence& sequence);
   void preempt(Sequence& victim);
   void decode(std::vector<Sequence*> rows);
+  /// Whether decode steps run as CUDA graphs here (enable_cuda_graph, a CUDA pool, nothing that
+  /// syncs with the host between layers); logs once at debug level when the option has no effect.
+  bool graphs_apply();
   /// Draws each sequence's next token from its row of logits [S, V] and records it.
   void sample_into(const std::vector<Sequence*>& sequences, const torch::Tensor& logits);
   std::vector<SequenceOutput> retire_finished();
@@ -264,6 +280,7 @@ class ContinuousEngine {
   ContinuousEngineOptions options_;
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<PrefixCache> prefix_cache_;  // after pool_: destroyed (releasing its blocks) first
+  std::unique_ptr<PagedDecodeGraphs> graphs_;  // after pool_ (it refers to it); made at the first use
   std::deque<std::vector<std::unique_ptr<Sequence>>> waiting_;  // groups: a request's n samples, or one preempted
   std::deque<std::vector<std::unique_ptr<Sequence>>> prefilling_;  // admitted groups whose prompt is
                                                                   // prefilled in chunks (front: the holder)
@@ -272,6 +289,7 @@ class ContinuousEngine {
   int64_t parameters_ = 0;  // elements of model_'s parameters (the generation statistics)
   int64_t admissions_ = 0;  // admission counter: the latest admitted is preempted first
   bool lockstep_work_left_ = true;
+  bool graph_skip_logged_ = false;  // enable_cuda_graph without effect is logged once
   ContinuousStats stats_;
   std::vector<StepToken> step_tokens_;
   GenerationStats generation_stats_;

@@ -34,6 +34,12 @@ class PagedKvCache : public nn::KvCache {
   PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, int64_t new_tokens);
   /// Row r feeds new_tokens[r] >= 1 tokens (a batched prefill of several prompts' chunks).
   PagedKvCache(KvBlockPool& pool, const std::vector<Row>& rows, const std::vector<int64_t>& new_tokens);
+  /// A decode step (one new token per row) over index tensors the caller filled, on the pool's
+  /// device: write_slots [B], read_slots [B * (W + 1)], mask [B, W + 1] as this class lays them
+  /// out, lengths [B] each row's cached + 1 (the CPU kernel's). The CUDA-graph decode keeps them in
+  /// static buffers of a fixed W (src/inference/paged_decode_graph.h).
+  PagedKvCache(KvBlockPool& pool, torch::Tensor write_slots, torch::Tensor read_slots, torch::Tensor mask,
+               std::vector<int64_t> lengths);
 
   /// W: the longest row's cached tokens (the frame's cached columns; the same for every row).
   int64_t cached_length() const override { return width_; }

@@ -54,7 +54,7 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   int64_t default_max_tokens = 16;       // OpenAI's completions default
   int64_t max_out_tokens = 512;          // prompt + answer tokens per row (the KV workspace)
-  bool enable_cuda_graph = false;         // no effect (logged): the continuous engine captures no graphs yet
+  bool enable_cuda_graph = false;         // decode steps as CUDA graphs (CUDA devices; no effect on the CPU)
   SchedulerOptions scheduler;
   ChatTemplate chat_template;            // for the models that bring none (select_chat_template)
   // Connections (a thread each): at most max_connections open, max_connections_per_client from
