@@ -13,7 +13,8 @@ namespace dschat {
 namespace inference {
 
 std::unique_ptr<at::cuda::CUDAGraph> capture_decode_graph(const torch::Device& device,
-                                                          const std::function<void()>& step, const char* engine) {
+                                                          const std::function<void()>& step, const char* engine,
+                                                          c10::MempoolId_t pool) {
   c10::cuda::CUDAGuard device_guard(device);
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
@@ -25,7 +26,7 @@ std::unique_ptr<at::cuda::CUDAGraph> capture_decode_graph(const torch::Device& d
   try {
     c10::cuda::CUDAStreamGuard stream_guard(side);
     step();
-    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
     try {
       step();
     } catch (...) {

@@ -44,9 +44,11 @@ void run_paged_step(models::CausalLM& model, KvBlockPool& pool, PagedGraphEntry&
 }
 
 #ifdef DSCHAT_WITH_CUDA
-// Captures the bucket's step (graph_capture.h); false when it cannot be captured.
-bool capture_paged_step(models::CausalLM& model, KvBlockPool& pool, PagedGraphEntry& e) {
-  e.graph = capture_decode_graph(e.ids.device(), [&] { run_paged_step(model, pool, e); }, "continuous engine");
+// Captures the bucket's step (graph_capture.h) into `memory` (the first graph's pool, shared by
+// all buckets: one step runs at a time and its logits are read before the next); false when it
+// cannot be captured.
+bool capture_paged_step(models::CausalLM& model, KvBlockPool& pool, PagedGraphEntry& e, c10::MempoolId_t memory) {
+  e.graph = capture_decode_graph(e.ids.device(), [&] { run_paged_step(model, pool, e); }, "continuous engine", memory);
   return e.graph != nullptr;
 }
 #endif
@@ -59,6 +61,9 @@ struct PagedDecodeGraphs::Impl {
   std::map<std::pair<int64_t, int64_t>, PagedGraphEntry> entries;  // by (Bp, Wp)
   int64_t replays = 0;
   int64_t captures = 0;
+#ifdef DSCHAT_WITH_CUDA
+  c10::MempoolId_t memory{0, 0};  // the graphs' shared memory pool, once the first is captured
+#endif
 };
 
 PagedDecodeGraphs::PagedDecodeGraphs(KvBlockPool& pool) : impl_(std::make_unique<Impl>(pool)) {}
@@ -73,7 +78,12 @@ bool PagedDecodeGraphs::compiled() {
 #endif
 }
 
-void PagedDecodeGraphs::reset() { impl_->entries.clear(); }
+void PagedDecodeGraphs::reset() {
+  impl_->entries.clear();
+#ifdef DSCHAT_WITH_CUDA
+  impl_->memory = {0, 0};  // the pool goes with its last graph
+#endif
+}
 
 torch::Tensor PagedDecodeGraphs::step(models::CausalLM& model, const std::vector<PagedKvCache::Row>& rows,
                                       const std::vector<int64_t>& ids, bool capture) {
@@ -135,8 +145,11 @@ torch::Tensor PagedDecodeGraphs::step(models::CausalLM& model, const std::vector
 #ifdef DSCHAT_WITH_CUDA
   if (replay) {
     if (!e.graph) {
-      e.capture_failed = !capture_paged_step(model, pool, e);
-      impl_->captures += e.capture_failed ? 0 : 1;
+      e.capture_failed = !capture_paged_step(model, pool, e, impl_->memory);
+      if (!e.capture_failed) {
+        ++impl_->captures;
+        impl_->memory = e.graph->pool();
+      }
     }
     if (!e.graph) return torch::Tensor();
     e.graph->replay();
