@@ -20,6 +20,7 @@
 #      hybrid engine) in bf16, dschat vs transformers + PyTorch on this GPU, and one more dschat
 #      iteration under LibTorch's profiler (kernels by name per phase, the GPU's idle fraction);
 #   4. decode: decode-step bandwidth of OPT-1.3B at batch 1, 32, 128, eager and CUDA-graph;
+#      decode_continuous: the same through the continuous engine at batch 1, 32, eager and graphs;
 #   5. demo_on_gpu: the embedded demo end to end (`dschat train --device cuda`);
 #   6. step3_graph: row 3's dschat side with CUDA-graph decode (before/after in one run);
 #   7. step3_large: dschat at the largest batch that fits (128, else 64);
@@ -115,6 +116,9 @@ gtest_summary on_device_tests
 part step3 170 "${step3[@]}" --iters 2 --profile --out "$out/step3.json" && table step3
 part decode 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32,128 \
   --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --out "$out/decode.json" && table decode
+part decode_continuous 60 "$bench/dschat_decode_bench" --preset opt-1.3b --dtype bf16 --device cuda --batches 1,32 \
+  --prompt 256 --new-tokens 256 --iters 2 --warmup 1 --modes continuous,continuous-graph \
+  --out "$out/decode_continuous.json" && table decode_continuous
 part demo_on_gpu 90 build-gpu/dschat train --device cuda --no-progress --output-dir "$work/demo"
 [ -f "$out/demo_on_gpu.log" ] && grep -E "Finished Step|held-out|device:" "$out/demo_on_gpu.log" | tee -a "$summary"
 part step3_graph 60 "${step3[@]}" --iters 2 --no-peer --cuda-graph --out "$out/step3_graph.json" && table step3_graph
