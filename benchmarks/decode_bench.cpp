@@ -169,7 +169,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--batches", o.batches, "Batch sizes")->delimiter(',')->capture_default_str();
   app.add_option("--modes", o.modes,
-                 "eager, graph (CUDA-graph decode), continuous, continuous-graph (the ContinuousEngine's)")->delimiter(',')->capture_default_str();
+                 "eager, graph (CUDA-graph decode), continuous, continuous-graph (the ContinuousEngine's)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--prompt", o.prompt)->capture_default_str();
   app.add_option("--new-tokens", o.new_tokens)->capture_default_str();
   app.add_option("--iters", o.iters, "Timed calls per point")->capture_default_str();

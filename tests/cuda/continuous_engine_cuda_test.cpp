@@ -6,9 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_cases.h"
+#include "cuda/cuda_greedy_fixture.h"
 #include "dschat/inference/continuous_engine.h"
-#include "dschat/io/npy.h"
-#include "dschat/models/load_save.h"
 #include "model_fixtures.h"
 
 namespace dschat {
@@ -29,12 +28,9 @@ inference::ContinuousEngineOptions engine_options(bool graphs) {
 }
 
 TEST_P(ContinuousEngineCuda, GraphReplayGivesTheEagerIds) {
-  torch::Tensor ids = io::load_npy(dir() / "expected" / "input_ids.npy").to(torch::kCUDA);        // [B, T]
-  torch::Tensor mask = io::load_npy(dir() / "expected" / "attention_mask.npy").to(torch::kCUDA);  // [B, T]
-  torch::Tensor expected = io::load_npy(dir() / "expected" / "greedy.npy");                       // [B, T + N]
-  models::LoadOptions load;
-  load.device = torch::kCUDA;
-  auto model = models::load_causal_lm(dir().string(), load);
+  const testing::GreedyFixtureOnCuda f = testing::load_greedy_fixture_on_cuda(dir());
+  const torch::Tensor &ids = f.ids, &mask = f.mask, &expected = f.expected;  // [B, T], [B, T], [B, T + N]
+  auto model = f.model;
   inference::ContinuousEngine eager(model, engine_options(false));
   inference::ContinuousEngine graphs(model, engine_options(true));
   core::GenerationConfig config;

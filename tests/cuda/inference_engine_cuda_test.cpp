@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_cases.h"
+#include "cuda/cuda_greedy_fixture.h"
 #include "dschat/inference/inference_engine.h"
 #include "dschat/inference/logits_processing.h"
 #include "dschat/models/load_save.h"
@@ -32,12 +33,9 @@ inference::InferenceEngineOptions engine_options(bool graphs) {
 }
 
 TEST_P(InferenceEngineCuda, GraphReplayGivesTheEagerGreedyIds) {
-  torch::Tensor ids = io::load_npy(dir() / "expected" / "input_ids.npy").to(torch::kCUDA);        // [B, T]
-  torch::Tensor mask = io::load_npy(dir() / "expected" / "attention_mask.npy").to(torch::kCUDA);  // [B, T]
-  torch::Tensor expected = io::load_npy(dir() / "expected" / "greedy.npy");                       // [B, T + N]
-  models::LoadOptions load;
-  load.device = torch::kCUDA;
-  auto model = models::load_causal_lm(dir().string(), load);
+  const testing::GreedyFixtureOnCuda f = testing::load_greedy_fixture_on_cuda(dir());
+  const torch::Tensor &ids = f.ids, &mask = f.mask, &expected = f.expected;  // [B, T], [B, T], [B, T + N]
+  auto model = f.model;
   inference::InferenceEngine eager(model, engine_options(false));
   inference::InferenceEngine graphs(model, engine_options(true));
   core::GenerationConfig config;
