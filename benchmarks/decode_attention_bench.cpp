@@ -1,8 +1,10 @@
-// A decode step's attention on the CPU, side by side in one process: ops::decode_attention (the
-// CPU loop it shares with paged_decode_attention) against decode_attention_reference (ATen's
-// batched matmul, MKL's gemv per head: what ran before), fp32, OPT-125m's heads (12 of 64) unless
-// set, every key real. A figure is the median of --reps calls after one warm-up; GB/s = the keys'
-// and values' bytes / time (each is read once per call). Also prints the largest |loop - reference|.
+// A decode step's attention on the CPU, side by side in one process: ops::paged_decode_attention
+// (the CPU loop, src/ops/cpu_decode_attention.*, over a block pool whose slots hold the same keys
+// and values in order) against decode_attention_reference over the contiguous cache (ATen's
+// batched matmul, MKL's gemv per head: what the static engine runs), fp32, OPT-125m's heads (12 of
+// 64) unless set, every key real. A figure is the median of --reps calls after one warm-up; GB/s =
+// the keys' and values' bytes / time (each is read once per call). Also prints the largest
+// |loop - reference|.
 //
 //   dschat_decode_attention_bench [--rows 8,32] [--keys 64,256] [--heads 12] [--dim 64] [--threads 2] [--reps 51]
 #include <ATen/Parallel.h>
@@ -12,6 +14,7 @@
 
 #include "bench_util.h"
 #include "dschat/ops/decode_attention.h"
+#include "dschat/ops/paged_decode_attention.h"
 
 using dschat::bench::median_call_ms;
 
@@ -44,7 +47,14 @@ int main(int argc, char** argv) {
       const auto run_reference = [&] {
         reference = dschat::ops::decode_attention_reference(q, k, v, mask, keys, scale);
       };
-      const auto run_loop = [&] { loop = dschat::ops::decode_attention(q, k, v, mask, keys, scale); };
+      // The pool: row b's key t in slot b * S + t ([B * S, H * D], token-major as KvBlockPool's).
+      const torch::Tensor key_slots = k.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim});    // [N, H * D]
+      const torch::Tensor value_slots = v.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim});  // [N, H * D]
+      const torch::Tensor slots = torch::arange(rows * keys, torch::kInt64).view({rows, keys});      // [B, S]
+      const std::vector<int64_t> lengths(static_cast<size_t>(rows), keys);
+      const auto run_loop = [&] {
+        loop = dschat::ops::paged_decode_attention(q, key_slots, value_slots, slots, lengths, scale);
+      };
       const double reference_ms = median_call_ms(run_reference, reps);
       const double loop_ms = median_call_ms(run_loop, reps);
       std::printf("| %lld | %lld | %.1f | %.3f | %.3f | %.2f | %.1f | %.1f | %.1e |\n", static_cast<long long>(rows),

@@ -1,7 +1,6 @@
 #include "dschat/ops/decode_attention.h"
 
 #include "dschat/core/error.h"
-#include "ops/cpu_decode_attention.h"
 #include "ops/kernel_dispatch.h"
 
 #ifdef DSCHAT_WITH_CUDA
@@ -60,53 +59,6 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k_cache, co
   return out.reshape({batch, heads, 1, dim}).to(q.scalar_type());
 }
 
-// The CPU loop (cpu_decode_attention.h) over each row's unmasked keys in order: a masked key's
-// weight is exp(lowest - top) = 0 in the reference, so leaving it out is the same formula, and a
-// step under a key mask computes the bits of the same step without the masked columns.
-torch::Tensor run_cpu_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                             const torch::Tensor& mask, int64_t length, double scale) {
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
-  torch::Tensor queries = q.contiguous();                                               // [B, H, 1, D]
-  const torch::Tensor keys = k_cache.stride(3) == 1 ? k_cache : k_cache.contiguous();   // [B, H_kv, S_max, D]
-  const torch::Tensor values = v_cache.stride(3) == 1 ? v_cache : v_cache.contiguous();  // [B, H_kv, S_max, D]
-  torch::Tensor real;  // [B, length] uint8, 1 = a real key
-  if (mask.defined()) real = mask.ne(0).to(torch::kUInt8).contiguous();
-  const uint8_t* real_data = real.defined() ? real.data_ptr<uint8_t>() : nullptr;
-  torch::Tensor out = torch::empty({batch, heads, 1, dim}, q.options());  // [B, H, 1, D]
-  detail::CpuDecodeAttentionArgs args;
-  args.q = queries.data_ptr<float>();
-  args.out = out.data_ptr<float>();
-  args.batch = batch;
-  args.heads = heads;
-  args.kv_heads = keys.size(1);
-  args.dim = dim;
-  args.k = keys.data_ptr<float>();
-  args.v = values.data_ptr<float>();
-  args.k_head_stride = keys.stride(1);
-  args.v_head_stride = values.stride(1);
-  args.row_begin.assign(1, 0);
-  args.uniform_rows.assign(static_cast<size_t>(batch), 0);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t row_start = static_cast<int64_t>(args.key_offsets.size());
-    for (int64_t t = 0; t < length; ++t) {
-      if (real_data != nullptr && real_data[b * length + t] == 0) continue;
-      args.key_offsets.push_back(b * keys.stride(0) + t * keys.stride(2));
-      args.value_offsets.push_back(b * values.stride(0) + t * values.stride(2));
-    }
-    if (static_cast<int64_t>(args.key_offsets.size()) == row_start) {  // every key masked: all of them, equally
-      args.uniform_rows[static_cast<size_t>(b)] = 1;
-      for (int64_t t = 0; t < length; ++t) {
-        args.key_offsets.push_back(b * keys.stride(0) + t * keys.stride(2));
-        args.value_offsets.push_back(b * values.stride(0) + t * values.stride(2));
-      }
-    }
-    args.row_begin.push_back(static_cast<int64_t>(args.key_offsets.size()));
-  }
-  args.scale = static_cast<float>(scale);
-  detail::cpu_decode_attention(args);
-  return out;
-}
-
 #ifdef DSCHAT_WITH_CUDA
 torch::Tensor run_decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                           const torch::Tensor& mask, int64_t length, double scale) {
@@ -149,11 +101,6 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
     return run_decode_attention_kernel(q, k_cache, v_cache, attention_mask, length, scale);
   }
 #endif
-  const bool recorded = torch::GradMode::is_enabled() && (q.requires_grad() || k_cache.requires_grad() ||
-                                                          v_cache.requires_grad());
-  if (q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && !recorded) {
-    return run_cpu_kernel(q, k_cache, v_cache, attention_mask, length, scale);
-  }
   return reference(q, k_cache, v_cache, attention_mask, length, scale);
 }
 

@@ -3,15 +3,12 @@
 // nn::causal_attention_bias) and against float64, with odd head dims, cache lengths that are not
 // a multiple of the kernel's 128-key tile, GQA, left padding, fully masked rows, strided views,
 // and named argument errors. fp32 tolerance 1e-5 absolute on outputs of magnitude <= ~3.
-// fp32 on the CPU runs the CPU loop it shares with paged_decode_attention: the same bits as the
-// paged cache for the same keys, as the step without its masked columns, at any thread count.
+// Also the CPU loop paged_decode_attention runs (src/ops/cpu_decode_attention.h): the same bits
+// from every instruction set's build of it.
 #include <gtest/gtest.h>
-
-#include <ATen/Parallel.h>
 
 #include "dschat/nn/attention.h"
 #include "dschat/ops/decode_attention.h"
-#include "dschat/ops/paged_decode_attention.h"
 #include "ops/cpu_decode_attention.h"
 #include "test_util.h"
 
@@ -136,62 +133,6 @@ TEST(DecodeAttentionOpCpuTest, ReferenceIsDifferentiable) {
   ops::decode_attention(q, k, v, torch::Tensor(), 6, 0.5).sum().backward();
   ASSERT_TRUE(q.grad().defined());
   EXPECT_FALSE(q.grad().isnan().any().item<bool>());
-}
-
-// Row r's real keys (the last lengths[r] of a left-padded frame) put into a pool at scattered
-// slots: the paged op over them must give the contiguous op's bits.
-TEST(DecodeAttentionOpCpuTest, TheSameBitsAsThePagedCacheForTheSameKeys) {
-  torch::manual_seed(17);
-  const int64_t batch = 4, heads = 8, kv_heads = 2, dim = 40, width = 23;
-  const std::vector<int64_t> lengths = {23, 5, 1, 17};
-  torch::Tensor q = torch::randn({batch, heads, 1, dim});                  // [B, H, 1, D]
-  torch::Tensor k_cache = torch::randn({batch, kv_heads, width + 3, dim});  // [B, H_kv, S_max, D]
-  torch::Tensor v_cache = torch::randn({batch, kv_heads, width + 3, dim});  // [B, H_kv, S_max, D]
-  torch::Tensor mask = torch::zeros({batch, width}, torch::kInt64);         // [B, S]
-  torch::Tensor keys = torch::randn({200, kv_heads * dim});                 // [N, H_kv * D]: other slots hold noise
-  torch::Tensor values = torch::randn({200, kv_heads * dim});               // [N, H_kv * D]
-  torch::Tensor slots = torch::zeros({batch, width}, torch::kInt64);        // [B, S]
-  torch::Tensor free_slots = torch::randperm(200, torch::kInt64);
-  int64_t next = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    mask[b].narrow(0, width - lengths[b], lengths[b]).fill_(1);
-    for (int64_t t = width - lengths[b]; t < width; ++t) {
-      const int64_t slot = free_slots[next++].item<int64_t>();
-      slots[b][t] = slot;
-      keys[slot].copy_(k_cache[b].select(1, t).reshape({-1}));  // [H_kv * D]
-      values[slot].copy_(v_cache[b].select(1, t).reshape({-1}));
-    }
-  }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  torch::Tensor contiguous = ops::decode_attention(q, k_cache, v_cache, mask, width, scale);
-  torch::Tensor paged = ops::paged_decode_attention(q, keys, values, slots, lengths, scale);
-  EXPECT_TRUE(torch::equal(contiguous, paged)) << "max abs diff " << max_abs_diff(contiguous, paged);
-  EXPECT_LT(max_abs_diff(contiguous, float64_formula(q, k_cache, v_cache, mask, width, scale)), 1e-5);
-}
-
-TEST(DecodeAttentionOpCpuTest, MaskedColumnsGiveTheBitsOfTheStepWithoutThem) {
-  torch::manual_seed(3);
-  torch::Tensor q = torch::randn({1, 4, 1, 32}), k = torch::randn({1, 2, 30, 32}), v = torch::randn({1, 2, 30, 32});
-  torch::Tensor mask = torch::ones({1, 30}, torch::kInt64);  // [1, S]
-  for (int64_t t : {0, 1, 2, 9, 10, 25}) mask[0][t] = 0;
-  torch::Tensor kept = mask[0].nonzero().squeeze(1);  // [24]
-  torch::Tensor got = ops::decode_attention(q, k, v, mask, 30, 0.2);
-  torch::Tensor without = ops::decode_attention(q, k.index_select(2, kept), v.index_select(2, kept), torch::Tensor(),
-                                                kept.size(0), 0.2);
-  EXPECT_TRUE(torch::equal(got, without)) << "max abs diff " << max_abs_diff(got, without);
-}
-
-TEST(DecodeAttentionOpCpuTest, TheSameBitsAtAnyThreadCount) {
-  torch::manual_seed(9);
-  torch::Tensor q = torch::randn({6, 8, 1, 64}), k = torch::randn({6, 4, 50, 64}), v = torch::randn({6, 4, 50, 64});
-  torch::Tensor mask = left_padded_mask(6, 45);
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  torch::Tensor one = ops::decode_attention(q, k, v, mask, 45, 0.125);
-  at::set_num_threads(std::max(2, threads));
-  torch::Tensor many = ops::decode_attention(q, k, v, mask, 45, 0.125);
-  at::set_num_threads(threads);
-  EXPECT_TRUE(torch::equal(one, many));
 }
 
 // The baseline, AVX and AVX-512 loops compute every element with the same operations: the same

@@ -4,10 +4,8 @@
 // Masked keys score the dtype's lowest finite value (torch.finfo(dtype).min), as nn::Attention
 // does, so a row whose keys are all masked averages v uniformly instead of giving NaN.
 // CUDA tensors (float32, float16, bfloat16; head_dim <= 256) run the split-K kernel
-// (kernels/decode_attention.cu) and float32 CPU tensors the CPU loop that paged_decode_attention
-// also runs (src/ops/cpu_decode_attention.h: masked keys skipped, which is the same formula),
-// unless autograd records the call; everything else runs decode_attention_reference, which is
-// also the test oracle. docs/ops.md has the tolerances.
+// (kernels/decode_attention.cu) unless autograd records the call; everything else runs
+// decode_attention_reference, which is also the test oracle. docs/ops.md has the tolerances.
 
 #include <torch/torch.h>
 
