@@ -23,9 +23,6 @@ struct CpuDecodeAttentionArgs {
   std::vector<int64_t> row_begin;      // [B + 1]: row b's keys are entries [row_begin[b], row_begin[b + 1])
   std::vector<int64_t> key_offsets;    // [row_begin[B]]
   std::vector<int64_t> value_offsets;  // [row_begin[B]]
-  // Rows whose every key is masked: their listed keys are all the frame's positions and get one
-  // weight each (the reference's softmax over equal lowest-value scores), empty = none.
-  std::vector<char> uniform_rows;      // [B] or empty
   float scale = 1.0f;
 };
 
