@@ -1,10 +1,10 @@
 // A decode step's attention on the CPU, side by side in one process: ops::paged_decode_attention
 // (the CPU loop, src/ops/cpu_decode_attention.*, over a block pool whose slots hold the same keys
-// and values in order) against decode_attention_reference over the contiguous cache (ATen's
-// batched matmul, MKL's gemv per head: what the static engine runs), fp32, OPT-125m's heads (12 of
-// 64) unless set, every key real. A figure is the median of --reps calls after one warm-up; GB/s =
-// the keys' and values' bytes / time (each is read once per call). Also prints the largest
-// |loop - reference|.
+// and values in order, in shuffled 16-token blocks) against decode_attention_reference over the
+// contiguous cache (ATen's batched matmul, MKL's gemv per head: what the static engine runs),
+// fp32, OPT-125m's heads (12 of 64) unless set, every key real. A figure is the median of --reps
+// calls after one warm-up; GB/s = the keys' and values' bytes / time (each is read once per call).
+// Also prints the largest |loop - reference|.
 //
 //   dschat_decode_attention_bench [--rows 8,32] [--keys 64,256] [--heads 12] [--dim 64] [--threads 2] [--reps 51]
 #include <ATen/Parallel.h>
@@ -47,10 +47,18 @@ int main(int argc, char** argv) {
       const auto run_reference = [&] {
         reference = dschat::ops::decode_attention_reference(q, k, v, mask, keys, scale);
       };
-      // The pool: row b's key t in slot b * S + t ([B * S, H * D], token-major as KvBlockPool's).
-      const torch::Tensor key_slots = k.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim});    // [N, H * D]
-      const torch::Tensor value_slots = v.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim});  // [N, H * D]
-      const torch::Tensor slots = torch::arange(rows * keys, torch::kInt64).view({rows, keys});      // [B, S]
+      // The pool: row b's key t in slot blocks[b * S / 16 + t / 16] * 16 + t % 16 ([B * S, H * D],
+      // token-major as KvBlockPool's), its 16-token blocks shuffled over the pool as a long-running
+      // pool's are (S rounded up to whole blocks).
+      const int64_t block = 16, row_blocks = (keys + block - 1) / block;
+      const torch::Tensor blocks = torch::randperm(rows * row_blocks, torch::kInt64).view({rows, row_blocks});
+      const torch::Tensor token = torch::arange(keys, torch::kInt64);  // [S]
+      const torch::Tensor slots =
+          blocks.index_select(1, token.div(block, "floor")) * block + token.remainder(block);  // [B, S]
+      torch::Tensor key_slots = torch::zeros({rows * row_blocks * block, heads * dim});    // [N, H * D]
+      torch::Tensor value_slots = torch::zeros({rows * row_blocks * block, heads * dim});  // [N, H * D]
+      key_slots.index_copy_(0, slots.flatten(), k.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim}));
+      value_slots.index_copy_(0, slots.flatten(), v.permute({0, 2, 1, 3}).reshape({rows * keys, heads * dim}));
       const std::vector<int64_t> lengths(static_cast<size_t>(rows), keys);
       const auto run_loop = [&] {
         loop = dschat::ops::paged_decode_attention(q, key_slots, value_slots, slots, lengths, scale);

@@ -24,13 +24,14 @@ struct CpuDecodeAttentionArgs {
   std::vector<int64_t> key_offsets;    // [row_begin[B]]
   std::vector<int64_t> value_offsets;  // [row_begin[B]]
   float scale = 1.0f;
+  int64_t kv_heads_per_task = 0;  // kv heads one task reads; 0: from the batch and thread count
 };
 
 /// out[b, h] = softmax_i(q[b, h] . k_i * scale) . v_i over row b's listed keys, query head h
-/// reading kv head h / (H / H_kv). One task per (row, kv head) over at::parallel_for; each
-/// element's arithmetic is fixed (16-lane dot products, keys in listed order) and the same for
-/// every `isa`, so the result depends neither on the thread count, the other rows nor the loop
-/// this CPU runs.
+/// reading kv head h / (H / H_kv). A task per row and run of kv heads, over at::parallel_for,
+/// reads each listed token's keys and values of its heads together; each element's arithmetic is
+/// fixed (16-lane dot products, keys in listed order) and the same for every `isa` and split, so
+/// the result depends neither on the thread count, the other rows nor the loop this CPU runs.
 void cpu_decode_attention(const CpuDecodeAttentionArgs& args, SkinnyIsa isa = best_skinny_isa());
 
 }  // namespace detail

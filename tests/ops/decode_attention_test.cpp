@@ -4,7 +4,8 @@
 // a multiple of the kernel's 128-key tile, GQA, left padding, fully masked rows, strided views,
 // and named argument errors. fp32 tolerance 1e-5 absolute on outputs of magnitude <= ~3.
 // Also the CPU loop paged_decode_attention runs (src/ops/cpu_decode_attention.h): the same bits
-// from every instruction set's build of it.
+// from every instruction set's build of it and every split of a row into tasks.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include "dschat/nn/attention.h"
@@ -135,16 +136,18 @@ TEST(DecodeAttentionOpCpuTest, ReferenceIsDifferentiable) {
   EXPECT_FALSE(q.grad().isnan().any().item<bool>());
 }
 
-// The baseline, AVX and AVX-512 loops compute every element with the same operations: the same
-// bits, a head dim with a tail (D = 40: two 16-float blocks and 8), rows of 37, 36 and 35 keys.
-TEST(DecodeAttentionOpCpuTest, EveryInstructionSetGivesTheSameBits) {
+// The baseline, AVX and AVX-512 loops compute every element with the same operations, and a task
+// over one, two or all three kv heads of a row (at 1 and 2 threads) does too: the same bits, a head
+// dim with a tail (D = 40: two 16-float blocks and 8), rows of 37, 36 and 35 keys (more than the
+// value pass's 16-key chunk, and not a multiple of it).
+TEST(DecodeAttentionOpCpuTest, EveryInstructionSetAndTaskSplitGivesTheSameBits) {
   using ops::detail::SkinnyIsa;
   torch::manual_seed(23);
   const int64_t batch = 3, heads = 6, kv_heads = 3, dim = 40, length = 37;
   torch::Tensor q = torch::randn({batch, heads, 1, dim});      // [B, H, 1, D]
   torch::Tensor k = torch::randn({batch, kv_heads, length, dim});  // [B, H_kv, S, D]
   torch::Tensor v = torch::randn({batch, kv_heads, length, dim});  // [B, H_kv, S, D]
-  auto run = [&](SkinnyIsa isa) {
+  auto run = [&](SkinnyIsa isa, int64_t kv_heads_per_task) {
     torch::Tensor out = torch::empty({batch, heads, 1, dim});  // [B, H, 1, D]
     ops::detail::CpuDecodeAttentionArgs args;
     args.q = q.data_ptr<float>();
@@ -163,15 +166,24 @@ TEST(DecodeAttentionOpCpuTest, EveryInstructionSetGivesTheSameBits) {
     }
     args.value_offsets = args.key_offsets;
     args.scale = 0.15f;
+    args.kv_heads_per_task = kv_heads_per_task;
     ops::detail::cpu_decode_attention(args, isa);
     return out;
   };
-  const torch::Tensor baseline = run(SkinnyIsa::kBaseline);
+  const int threads = at::get_num_threads();
+  const torch::Tensor baseline = run(SkinnyIsa::kBaseline, 1);
   EXPECT_FALSE(baseline.isnan().any().item<bool>());
-  for (SkinnyIsa isa : {SkinnyIsa::kAvx, SkinnyIsa::kAvx512}) {
-    if (!ops::detail::skinny_isa_supported(isa)) continue;
-    EXPECT_TRUE(torch::equal(run(isa), baseline)) << "isa " << static_cast<int>(isa);
+  for (int thread_count : {1, 2}) {
+    at::set_num_threads(thread_count);
+    for (SkinnyIsa isa : {SkinnyIsa::kBaseline, SkinnyIsa::kAvx, SkinnyIsa::kAvx512}) {
+      if (!ops::detail::skinny_isa_supported(isa)) continue;
+      for (int64_t per_task : {0, 1, 2, 3}) {
+        EXPECT_TRUE(torch::equal(run(isa, per_task), baseline))
+            << "isa " << static_cast<int>(isa) << ", kv heads per task " << per_task << ", threads " << thread_count;
+      }
+    }
   }
+  at::set_num_threads(threads);
 }
 
 TEST(DecodeAttentionOpCpuTest, BadArgumentsAreNamed) {
