@@ -1,19 +1,22 @@
-// Generation benchmark on the CPU: dschat's InferenceEngine and ContinuousEngine (--engines) against
-// transformers' generate() on the same model, prompts and decoding, in one command. The binary saves a random model of a preset's
-// shape (transformers' init, N(0, 0.02); default opt-125m) as a safetensors checkpoint, then
-// alternates --rounds times: --iters timed generate calls here (after --warmup untimed ones), then
-// benchmarks/generate_bench_peer.py (OPTForCausalLM / LlamaForCausalLM from the same checkpoint,
-// SDPA attention, model.generate) doing the same in a fresh process. Both decode greedily with
-// min_new_tokens = max_new_tokens, so every call generates exactly --new-tokens tokens per row, from
-// the same prompt rows (torch.randint(3, vocab, (batch, prompt)) seeded with --seed, checked by a
-// checksum). A figure is the median over all timed calls of all rounds; tokens/s = batch x
-// new tokens / latency; the CPU time of each call (all threads of the process) is reported too. Prints a markdown table and whether both generated the same ids.
+// Generation benchmark on the CPU: dschat's InferenceEngine and ContinuousEngine (--engines)
+// against transformers' generate() on the same model, prompts and decoding, in one command. The
+// binary saves a random model of a preset's shape (transformers' init, N(0, 0.02); default
+// opt-125m) as a safetensors checkpoint, then alternates --rounds times: --iters timed generate
+// calls here (after --warmup untimed ones), then benchmarks/generate_bench_peer.py
+// (OPTForCausalLM / LlamaForCausalLM from the same checkpoint, SDPA attention, model.generate)
+// doing the same in a fresh process. Both decode greedily with min_new_tokens = max_new_tokens, so
+// every call generates exactly --new-tokens tokens per row, from the same prompt rows
+// (torch.randint(3, vocab, (batch, prompt)) seeded with --seed, checked by a checksum). A figure is
+// the median over all timed calls of all rounds; tokens/s = batch x new tokens / latency; the CPU
+// time of each call (all threads of the process) is reported too. Prints a markdown table and
+// whether both generated the same ids.
 // dschat's decode is also set against this machine's memory bandwidth: decode GB/s = the weight
-// bytes read per decode step (every parameter once) x (new tokens - 1) / (latency - prefill),
-// as a fraction of a read-only stream over a buffer 4x the last-level cache at the same thread
-// count (memory_bandwidth_gb_s, before and after the rounds: the higher), the ceiling for a step
-// that reads each weight once from memory; a copy's rate is printed beside it. The continuous engine gets every row submitted at once and
-// is stepped to the end; its prefill time is the time until every prompt has been prefilled (its
+// bytes read per decode step (every parameter once) x (new tokens - 1) / (latency - prefill), as
+// a fraction of a read-only stream over a buffer 4x the last-level cache at the same thread count
+// (memory_bandwidth_gb_s, before and after the rounds: the higher), the ceiling for a step that
+// reads each weight once from memory, and of a copy's rate (bytes copied per second: the measure
+// issue 40 set its targets in). The continuous engine gets every row submitted at once and is
+// stepped to the end; its prefill time is the time until every prompt has been prefilled (its
 // steps then decode only when the prompts fit one step's prefill budget, 512 tokens).
 //
 //   dschat_generate_bench [--preset opt-125m] [--batch 4] [--prompt 32] [--new-tokens 32] [--threads 2]
@@ -247,8 +250,8 @@ int run(const Options& o) {
   const auto [read_after, copy_after] = memory_bandwidth_gb_s();
   const double read_gb_s = std::max(read_before, read_after), copy_gb_s = std::max(copy_before, copy_after);
   std::cout << "\n| implementation | median latency (s) | per-token latency (ms) | tokens/s | CPU s / call | x transformers "
-               "| decode ms / step | decode GB/s | % of read stream | identical ids |\n"
-               "|---|---|---|---|---|---|---|---|---|---|\n";
+               "| decode ms / step | decode GB/s | % of read stream | % of copy | identical ids |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|\n";
   json report = {{"transformers_seconds", theirs}, {"transformers_cpu_seconds", theirs_cpu},
                  {"transformers_tokens_per_s", tokens / theirs_s}, {"read_gb_s", read_gb_s}, {"copy_gb_s", copy_gb_s}};
   for (const std::string& engine : o.engines) {
@@ -257,18 +260,19 @@ int run(const Options& o) {
     const double decode_gb_s = o.new_tokens > 1 && decode_s > 0 ? weight_gb * (o.new_tokens - 1) / decode_s : 0.0;
     int64_t same = 0;
     for (size_t i = 0; i < side.ids.size() && i < peer_ids.size(); ++i) same += side.ids[i] == peer_ids[i] ? 1 : 0;
-    std::printf("| dschat %s | %.3f | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f | %.0f%% | %lld of %zu |\n",
+    std::printf("| dschat %s | %.3f | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f | %.0f%% | %.0f%% | %lld of %zu |\n",
                 engine == "static"       ? "InferenceEngine"
                 : engine == "continuous" ? "ContinuousEngine"
                                          : "ContinuousEngine, a prefill forward per prompt",
                 ours_s, 1e3 * ours_s / o.new_tokens,
                 tokens / ours_s, ours_cpu_s, theirs_s / ours_s,
                 o.new_tokens > 1 ? 1e3 * decode_s / (o.new_tokens - 1) : 0.0, decode_gb_s,
-                100.0 * decode_gb_s / read_gb_s, static_cast<long long>(same), side.ids.size());
+                100.0 * decode_gb_s / read_gb_s, 100.0 * decode_gb_s / copy_gb_s, static_cast<long long>(same),
+                side.ids.size());
     report[engine] = {{"seconds", side.seconds}, {"cpu_seconds", side.cpu}, {"tokens_per_s", tokens / ours_s},
                       {"ratio", theirs_s / ours_s}, {"identical_ids", same}, {"decode_gb_s", decode_gb_s}};
   }
-  std::printf("| transformers generate | %.3f | %.1f | %.1f | %.2f | 1.00 | | | | |\n", theirs_s,
+  std::printf("| transformers generate | %.3f | %.1f | %.1f | %.2f | 1.00 | | | | | |\n", theirs_s,
               1e3 * theirs_s / o.new_tokens, tokens / theirs_s, theirs_cpu_s);
   std::printf("\nread stream %.1f GB/s, copy %.1f GB/s (this machine, %lld threads)\n", read_gb_s, copy_gb_s,
               static_cast<long long>(o.threads));
