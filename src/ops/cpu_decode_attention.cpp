@@ -48,9 +48,10 @@ namespace attention_avx512 {
 #endif
 
 // kv heads per task: a whole row's where the rows share out evenly over the threads (a task then
-// reads its keys' and values' token rows end to end, measured 2.2-2.9x a task per head at 8 and 32
-// rows of 256-1024 keys), else the rows split into the fewest runs of heads that do (one row on two
-// threads: two halves). The split changes no bit: each element's arithmetic is the same in any task.
+// reads its keys' and values' token rows end to end: 1.7-2.9x a task per head at 8 x 1024 and
+// 32 x 256-1024 keys, docs/benchmarks.md), else the rows split into the fewest runs of heads that
+// do (one row on two threads: two halves). The split changes no bit: each element's arithmetic is
+// the same in any task.
 int64_t kv_heads_per_task(const CpuDecodeAttentionArgs& args) {
   if (args.kv_heads_per_task > 0) return std::min(args.kv_heads_per_task, args.kv_heads);
   const int64_t threads = std::max(1, at::get_num_threads());
