@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "dschat/core/error.h"
@@ -16,13 +17,47 @@
 namespace dschat {
 namespace inference {
 
+namespace {
+
+torch::Tensor add_logit_bias(const torch::Tensor& logits, const std::map<int64_t, double>& bias) {
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  for (const auto& [id, value] : bias) {
+    DSCHAT_CHECK(id >= 0 && id < logits.size(1), InvalidArgument, "logit_bias: token id ", id,
+                 " is outside the vocabulary (", logits.size(1), " ids)");
+    ids.push_back(id);
+    values.push_back(static_cast<float>(value));
+  }
+  torch::Tensor index = torch::tensor(ids, torch::kInt64).to(logits.device());                           // [K]
+  torch::Tensor added =
+      torch::tensor(values).to(logits.device(), logits.scalar_type()).expand({logits.size(0), -1});  // [B, K]
+  return logits.index_add(1, index, added);
+}
+
+}  // namespace
+
 torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, const core::GenerationConfig& config,
                              int64_t generated) {
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  // vLLM's order: the bias, then the repetition penalty over prompt and answer, then OpenAI's
+  // frequency and presence penalties over the answer (Hugging Face's sequence_bias also comes
+  // before its repetition penalty).
+  if (!config.logit_bias.empty()) logits = add_logit_bias(logits, config.logit_bias);
   if (config.repetition_penalty != 1.0) {
     torch::Tensor picked = logits.gather(1, seen);  // [B, S]
     picked = torch::where(picked < 0, picked * config.repetition_penalty, picked / config.repetition_penalty);
     logits = logits.scatter(1, seen, picked);
+  }
+  if (config.frequency_penalty != 0.0 || config.presence_penalty != 0.0) {
+    DSCHAT_CHECK(generated >= 0 && generated <= seen.size(1), InvalidArgument, "process_logits: ", generated,
+                 " generated tokens but only ", seen.size(1), " seen");
+    torch::Tensor answer = seen.narrow(1, seen.size(1) - generated, generated);  // [B, generated]
+    torch::Tensor counts =  // [B, V]: how often each token was generated
+        torch::zeros_like(logits).scatter_add(1, answer, torch::ones_like(answer, logits.options()));
+    if (config.frequency_penalty != 0.0) logits = logits - counts * config.frequency_penalty;
+    if (config.presence_penalty != 0.0) {
+      logits = logits - (counts > 0).to(logits.scalar_type()) * config.presence_penalty;
+    }
   }
   if (config.eos_token_id && generated < config.min_new_tokens) {
     logits.select(1, *config.eos_token_id).fill_(kMasked);

@@ -9,6 +9,15 @@
 namespace dschat {
 namespace inference {
 
+namespace {
+
+// A penalty makes a row's logits depend on its own tokens.
+bool reads_own_tokens(const core::GenerationConfig& c) {
+  return c.repetition_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0;
+}
+
+}  // namespace
+
 std::vector<int64_t> sample_rows(const torch::Tensor& logits, const std::vector<RowSampling>& rows) {
   const int64_t count = static_cast<int64_t>(rows.size());
   // (do_sample, temperature, top_k, top_p, EOS suppressed, EOS id) -> rows; -1 - r keys a row alone.
@@ -17,7 +26,7 @@ std::vector<int64_t> sample_rows(const torch::Tensor& logits, const std::vector<
   for (int64_t r = 0; r < count; ++r) {
     const core::GenerationConfig& c = *rows[r].config;
     const bool suppress_eos = c.eos_token_id && rows[r].generated < c.min_new_tokens;
-    const int64_t alone = c.repetition_penalty != 1.0 ? r : -1;
+    const int64_t alone = reads_own_tokens(c) || !c.logit_bias.empty() ? r : -1;
     groups[Key{alone, c.do_sample, c.do_sample ? c.temperature : 1.0, c.do_sample ? c.top_k : 0,
                c.do_sample ? c.top_p : 1.0, suppress_eos, suppress_eos ? *c.eos_token_id : -1}]
         .push_back(r);
@@ -27,8 +36,8 @@ std::vector<int64_t> sample_rows(const torch::Tensor& logits, const std::vector<
     const RowSampling& first = rows[members.front()];
     torch::Tensor index = torch::tensor(members, torch::kInt64).to(logits.device());  // [G]
     torch::Tensor group = logits.index_select(0, index);                               // [G, V], a copy
-    torch::Tensor seen;  // [1, S], the repetition penalty's (such a row is alone in its group)
-    if (first.config->repetition_penalty != 1.0) {
+    torch::Tensor seen;  // [1, S], the penalties' (such a row is alone in its group)
+    if (reads_own_tokens(*first.config)) {
       seen = torch::tensor(*first.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);
     }
     group = process_logits(group, seen, *first.config, first.generated);

@@ -1,9 +1,9 @@
 #pragma once
 // The next token of many rows that each have their own sampling config and generator (the
 // continuous engine's sequences): rows whose processing is the same (greedy or the same
-// temperature / top-k / top-p, EOS suppressed or not, no repetition penalty) go through
+// temperature / top-k / top-p, EOS suppressed or not, no penalty or logit bias) go through
 // process_logits and select_next_tokens together, one ATen call per group instead of per row; a
-// row with a repetition penalty (which reads its own tokens) goes alone. Every op involved works
+// row with a penalty (which reads its own tokens) or a logit bias goes alone. Every op involved works
 // row by row, so a row's token is what it would get alone, and the ids reach the host in one copy.
 
 #include <ATen/core/Generator.h>
@@ -19,7 +19,7 @@ namespace inference {
 struct RowSampling {
   const core::GenerationConfig* config;  // its own settings
   int64_t generated;                     // tokens it generated before this one (min_new_tokens)
-  const std::vector<int64_t>* tokens;    // prompt + generated (the repetition penalty's "seen")
+  const std::vector<int64_t>* tokens;    // prompt + generated (the penalties' "seen")
   at::Generator generator;               // its own (do_sample only; a handle sharing its state)
 };
 

@@ -56,6 +56,12 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
                      param, "context_length_exceeded");
     }
   }
+  for (const auto& [id, bias] : api.params.logit_bias) {
+    if (id >= slot.vocab_size) {
+      throw ApiError(400, "'logit_bias' names token id " + std::to_string(id) + ", outside the model's vocabulary (" +
+                              std::to_string(slot.vocab_size) + " ids)", "logit_bias");
+    }
+  }
   const int64_t rows = static_cast<int64_t>(prompts.size()) * api.params.n;
   if (rows > slot.scheduler->max_batch_rows()) {
     throw ApiError(400, "prompts x n = " + std::to_string(rows) + " answers exceed the " +

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
 namespace dschat {
@@ -29,7 +31,7 @@ const std::set<std::string>& known_keys(Endpoint endpoint) {
   static const std::set<std::string> shared = {
       "model",          "max_tokens", "temperature",  "top_p",   "top_k",       "n",
       "stop",           "seed",       "stream",       "stream_options", "logprobs", "presence_penalty",
-      "frequency_penalty", "logit_bias"};
+      "frequency_penalty", "logit_bias", "repetition_penalty"};
   static const std::set<std::string> chat = [] {
     std::set<std::string> keys = shared;
     keys.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -76,16 +78,36 @@ void refuse_unsupported(const json& body) {
   };
   if (present("best_of") && body["best_of"] != 1) refuse("best_of", "use n");
   if (present("suffix")) refuse("suffix", "no insertion mode");
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (present(key) && (!body[key].is_number() || body[key].get<double>() != 0.0)) refuse(key, "only 0 is accepted");
-  }
-  if (present("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) refuse("logit_bias", "no logit bias");
   for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
     if (present(key)) refuse(key, "no tool calling");
   }
   if (present("response_format") && !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
     refuse("response_format", "only {\"type\": \"text\"}");
   }
+}
+
+// {"50256": -100, ...}: OpenAI's token ids as strings, each bias in [-100, 100]. The ids are
+// checked against the model's vocabulary where the model is known (generation_handler.cpp).
+std::map<int64_t, double> logit_bias(const json& body) {
+  std::map<int64_t, double> bias;
+  if (!body.contains("logit_bias") || body["logit_bias"].is_null()) return bias;
+  const json& object = body["logit_bias"];
+  if (!object.is_object()) {
+    throw bad_value("logit_bias", "'logit_bias' must be an object of token id -> bias, got " + type_name(object));
+  }
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
+    if (key.empty() || key.size() > 18 || key.find_first_not_of("0123456789") != std::string::npos) {
+      throw bad_value("logit_bias", "'logit_bias' keys must be token ids (digits), got \"" + key + "\"");
+    }
+    const json& value = item.value();
+    if (!value.is_number() || std::fabs(value.get<double>()) > 100.0) {
+      throw bad_value("logit_bias",
+                      "'logit_bias' values must be numbers in [-100, 100], got " + value.dump() + " for " + key);
+    }
+    bias[std::stoll(key)] = value.get<double>();
+  }
+  return bias;
 }
 
 std::vector<std::string> stop_strings(const json& body) {
@@ -264,6 +286,10 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   params.top_p = number(body, "top_p", 1.0, 0.0, 1.0, true);
   params.top_k = integer(body, "top_k", 0, 0, 1 << 20);
   params.n = integer(body, "n", 1, 1, 128);
+  params.frequency_penalty = number(body, "frequency_penalty", 0.0, -2.0, 2.0, false);
+  params.presence_penalty = number(body, "presence_penalty", 0.0, -2.0, 2.0, false);
+  params.repetition_penalty = number(body, "repetition_penalty", 1.0, 1.0, 2.0, false);
+  params.logit_bias = logit_bias(body);
   params.stop = stop_strings(body);
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw bad_value("seed", "'seed' must be an integer");

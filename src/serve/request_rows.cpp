@@ -36,6 +36,11 @@ bool RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
     config.top_k = params.top_k;
     config.top_p = params.top_p;
   }
+  // Penalties and bias also shape greedy answers (vLLM applies them before its argmax).
+  config.frequency_penalty = params.frequency_penalty;
+  config.presence_penalty = params.presence_penalty;
+  config.repetition_penalty = params.repetition_penalty;
+  config.logit_bias = params.logit_bias;
   if (eos_ >= 0) config.eos_token_id = eos_;
   config.num_return_sequences = params.n;
   const uint64_t seed = params.seed.value_or(fresh_seed());

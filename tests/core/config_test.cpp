@@ -17,6 +17,11 @@ TEST(GenerationConfigTest, ParsesKnownKeys) {
   EXPECT_TRUE(c.do_sample);
   EXPECT_DOUBLE_EQ(c.top_p, 0.5);
   EXPECT_EQ(c.seed, 3u);
+  auto penalized = core::parse_generation_config(
+      R"({"frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"50256": -100, "7": 2.5}})", "g.json");
+  EXPECT_DOUBLE_EQ(penalized.frequency_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(penalized.presence_penalty, -1.0);
+  EXPECT_EQ(penalized.logit_bias, (std::map<int64_t, double>{{7, 2.5}, {50256, -100.0}}));
 }
 
 TEST(GenerationConfigTest, UnknownKeySuggestsNearest) {
@@ -33,6 +38,14 @@ TEST(GenerationConfigTest, OutOfRangeNamesKeyAndValue) {
   EXPECT_THROW_WITH(core::parse_generation_config(R"({"top_p": 1.5})", "g.json"), ConfigError, "'top_p' must be in (0, 1]");
   EXPECT_THROW_WITH(core::parse_generation_config(R"({"max_new_tokens": 4, "min_new_tokens": 9})", "g.json"),
                     ConfigError, "min_new_tokens");
+  EXPECT_THROW_WITH(core::parse_generation_config(R"({"presence_penalty": 2.5})", "g.json"), ConfigError,
+                    "g.json: key 'presence_penalty' must be in [-2, 2]");
+  EXPECT_THROW_WITH(core::parse_generation_config(R"({"logit_bias": {"7": 150}})", "g.json"), ConfigError,
+                    "g.json: key 'logit_bias.7' must be in [-100, 100]");
+  EXPECT_THROW_WITH(core::parse_generation_config(R"({"logit_bias": {"eos": 1}})", "g.json"), ConfigError,
+                    "g.json: logit_bias: key 'eos' must be a token id");
+  EXPECT_THROW_WITH(core::parse_generation_config(R"({"logit_bias": {"7": "up"}})", "g.json"), ConfigError,
+                    "g.json: logit_bias: key '7' expects a number");
 }
 
 TEST(GenerationConfigTest, InvalidJsonNamesFileAndOffset) {

@@ -164,10 +164,24 @@ TEST_P(ContinuousEngineOnFixtures, ShuffledArrivalsAndPreemptionChangeNoId) {
   config.num_return_sequences = 2;
   const int64_t n = 2, prompts = p.ids.size(0), width = p.ids.size(1);
   const GenerationResult expected = reference(config);
-  for (const bool greedy : {false, true}) {
+  // Penalties and a bias make a row's logits depend on its own tokens (and take it out of the
+  // grouped sampling): in the third run the even prompts carry them, batched with the odd ones.
+  // (Not the repetition penalty: InferenceEngine, like transformers, counts left padding in it.)
+  core::GenerationConfig penalized = config;
+  penalized.frequency_penalty = 0.8;
+  penalized.presence_penalty = 0.5;
+  penalized.logit_bias = {{expected.sequences[0][width].item<int64_t>(), -3.0}, {5, 2.0}};
+  const GenerationResult want_penalized = reference(penalized);
+  EXPECT_FALSE(torch::equal(want_penalized.sequences, expected.sequences)) << "the penalties were meant to change ids";
+  for (const int variant : {0, 1, 2}) {  // sampled, greedy, sampled with penalties on even prompts
+    const bool greedy = variant == 1;
     core::GenerationConfig run = config;
     run.do_sample = !greedy;
-    const GenerationResult want = greedy ? reference(run) : expected;
+    const GenerationResult plain = greedy ? reference(run) : expected;
+    const auto with_penalties = [&](int64_t b) { return variant == 2 && b % 2 == 0; };
+    const auto want_of = [&](int64_t b) -> const GenerationResult& {
+      return with_penalties(b) ? want_penalized : plain;
+    };
     ContinuousEngineOptions options;
     options.block_size = 2;
     options.max_running_sequences = 3;
@@ -177,12 +191,13 @@ TEST_P(ContinuousEngineOnFixtures, ShuffledArrivalsAndPreemptionChangeNoId) {
     ContinuousEngine engine(model, options);
     std::vector<int64_t> order(prompts);
     for (int64_t b = 0; b < prompts; ++b) order[b] = b;
-    std::shuffle(order.begin(), order.end(), std::mt19937(greedy ? 5 : 6));
+    std::shuffle(order.begin(), order.end(), std::mt19937(5 + variant));
     std::map<int64_t, int64_t> prompt_of_request;
     int64_t checked = 0;
     auto check = [&](const std::vector<inference::SequenceOutput>& finished) {
       for (const auto& done : finished) {
-        const int64_t row = prompt_of_request.at(done.request) * n + done.sample;
+        const int64_t b = prompt_of_request.at(done.request), row = b * n + done.sample;
+        const GenerationResult& want = want_of(b);
         const int64_t length = want.attention_mask[row].narrow(0, width, want.sequences.size(1) - width).sum().item<int64_t>();
         ASSERT_EQ(static_cast<int64_t>(done.generated.size()), length) << "row " << row;
         EXPECT_TRUE(torch::equal(torch::tensor(done.generated, torch::kInt64), want.sequences[row].narrow(0, width, length)))
@@ -198,7 +213,7 @@ TEST_P(ContinuousEngineOnFixtures, ShuffledArrivalsAndPreemptionChangeNoId) {
       }
       inference::SampleOptions seeds;
       seeds.seeds = {inference::row_seed(run.seed, b * n), inference::row_seed(run.seed, b * n + 1)};
-      prompt_of_request[engine.submit(prompt, run, seeds)] = b;
+      prompt_of_request[engine.submit(prompt, with_penalties(b) ? penalized : run, seeds)] = b;
       check(engine.step());
       check(engine.step());
     }

@@ -1,7 +1,7 @@
 """`dschat serve` through the official `openai` Python client (and raw HTTP where the client would
-hide what is checked): completions, chat, streaming, n, seeds, stop sequences, usage, errors, the
-API key, cross-site requests (Content-Type, Host), malformed bytes and numbers, an HTTP/1.0 stream,
-batching, a reader that never reads, and a disconnect that cancels.
+hide what is checked): completions, chat, streaming, n, seeds, stop sequences, usage, penalties and
+logit bias, errors, the API key, cross-site requests (Content-Type, Host), malformed bytes and
+numbers, an HTTP/1.0 stream, batching, a reader that never reads, and a disconnect that cancels.
 
 Run: .venv/bin/python tests/serve/api_test.py   (ctest: serve_api). The served model is the
 bundled tiny random OPT: its text is gibberish, which is all a protocol test needs; greedy answers
@@ -300,6 +300,74 @@ class ServeApiTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
         self.assertEqual(caught.exception.body["param"], "top_logprobs")
+
+    def test_penalties_and_logit_bias_equal_transformers_with_openais_formula(self):
+        """Greedy answers with frequency/presence penalties (OpenAI's formula over the answer's
+        tokens), Hugging Face's repetition penalty (over prompt and answer) and a logit bias, in
+        vLLM's order, against transformers' logits with the same arithmetic written here."""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(str(TINY_MODEL), dtype=torch.float32).eval()
+        eos = model.config.eos_token_id
+
+        def reference(prompt_ids, max_tokens, frequency, presence, repetition, bias):
+            """The greedy ids, and at each step the gap between the best and second-best logit."""
+            ids, answer, gaps = list(prompt_ids), [], []
+            for _ in range(max_tokens):
+                with torch.no_grad():
+                    logits = model(torch.tensor([ids])).logits[0, -1].float().clone()  # [V]
+                for token, value in bias.items():
+                    logits[token] += value
+                seen = torch.tensor(sorted(set(ids)))
+                picked = logits[seen]
+                logits[seen] = torch.where(picked < 0, picked * repetition, picked / repetition)
+                counts = torch.bincount(torch.tensor(answer, dtype=torch.long), minlength=logits.numel()).float()
+                logits -= frequency * counts
+                logits -= presence * (counts > 0).float()
+                best = torch.topk(logits, 2).values
+                gaps.append(float(best[0] - best[1]))
+                token = int(logits.argmax())
+                answer.append(token)
+                ids.append(token)
+                if token == eos:
+                    break
+            return answer, gaps
+
+        status, tokenized = raw_post(self.server.url, "/tokenize",
+                                     json.dumps({"prompt": PROMPT, "add_special_tokens": False}))
+        self.assertEqual(status, 200, tokenized)
+        prompt_ids = tokenized["tokens"]
+        plain, _ = reference(prompt_ids, 16, 0.0, 0.0, 1.0, {})
+        settings = [
+            dict(frequency=0.9, presence=0.0, repetition=1.0, bias={}),
+            dict(frequency=0.0, presence=1.5, repetition=1.0, bias={}),
+            dict(frequency=0.6, presence=-0.4, repetition=1.3, bias={plain[0]: -100.0, plain[2]: 4.0}),
+        ]
+        for setting in settings:
+            with self.subTest(**{k: str(v) for k, v in setting.items()}):
+                want, gaps = reference(prompt_ids, 16, **setting)
+                self.assertNotEqual(want, plain, "the setting was meant to change the greedy answer")
+                # A near tie (two logits within float error of the cache path) may go either way:
+                # the ids are compared up to the first one (none, with these settings, so far).
+                ties = [i for i, gap in enumerate(gaps) if gap < 1e-4]
+                compared = ties[0] if ties else len(want)
+                self.assertGreaterEqual(compared, 4, f"near ties at steps {ties}")
+                answer = self.client.completions.create(
+                    model="tiny", prompt=[prompt_ids], max_tokens=16, temperature=0, logprobs=0,
+                    frequency_penalty=setting["frequency"], presence_penalty=setting["presence"],
+                    logit_bias={str(k): v for k, v in setting["bias"].items()},
+                    extra_body={"repetition_penalty": setting["repetition"]})
+                self.assertEqual(answer.choices[0].logprobs.tokens[:compared],
+                                 [tokenize_text(self.server.url, i) for i in want[:compared]])
+        # The chat endpoint takes them too; a bias outside the vocabulary is named.
+        reply = self.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=4, temperature=0, frequency_penalty=1.0,
+                                                    logit_bias={"13": -5})
+        self.assertEqual(reply.choices[0].message.role, "assistant")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.complete(max_tokens=2, logit_bias={str(model.config.vocab_size): 1})
+        self.assertEqual(caught.exception.body["param"], "logit_bias")
+        self.assertIn(str(model.config.vocab_size), caught.exception.body["message"])
 
     def test_cross_site_requests_are_refused(self):
         """A page on another site can POST text/plain or a form without a CORS pre-flight, and a

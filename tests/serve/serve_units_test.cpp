@@ -109,6 +109,14 @@ TEST(OpenAiProtocol, ParsesAndNamesTheBadKey) {
   EXPECT_EQ(chat.params.stop, std::vector<std::string>{"x"});
   EXPECT_EQ(*chat.params.seed, 3u);
   EXPECT_TRUE(chat.stream && chat.include_usage);
+  const ApiRequest penalized = parse_api_request(
+      R"({"model": "m", "prompt": "x", "presence_penalty": -0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.1,
+          "logit_bias": {"50256": -100, "7": 2.5}})",
+      Endpoint::kCompletions, 16);
+  EXPECT_EQ(penalized.params.presence_penalty, -0.5);
+  EXPECT_EQ(penalized.params.frequency_penalty, 1.5);
+  EXPECT_EQ(penalized.params.repetition_penalty, 1.1);
+  EXPECT_EQ(penalized.params.logit_bias, (std::map<int64_t, double>{{7, 2.5}, {50256, -100.0}}));
   const ApiRequest ids = parse_api_request(R"({"model": "m", "prompt": [[1, 2], [3]]})", Endpoint::kCompletions, 16);
   EXPECT_EQ(ids.prompt_ids.size(), 2u);
   EXPECT_EQ(ids.params.max_tokens, 16);
@@ -116,7 +124,13 @@ TEST(OpenAiProtocol, ParsesAndNamesTheBadKey) {
       {R"({"model": "m", "prompt": "x", "top_p": 1.5})", "top_p"},
       {R"({"model": "m", "prompt": "x", "n": 200})", "n"},
       {R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
-      {R"({"model": "m", "prompt": "x", "presence_penalty": 0.5})", "presence_penalty"},
+      {R"({"model": "m", "prompt": "x", "presence_penalty": 2.5})", "presence_penalty"},
+      {R"({"model": "m", "prompt": "x", "frequency_penalty": "high"})", "frequency_penalty"},
+      {R"({"model": "m", "prompt": "x", "repetition_penalty": 0.5})", "repetition_penalty"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"-3": 1}})", "logit_bias"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": {"50256": 101}})", "logit_bias"},
+      {R"({"model": "m", "prompt": "x", "logit_bias": [1, 2]})", "logit_bias"},
+      {R"({"model": "m", "prompt": "x", "best_of": 2})", "best_of"},
       {R"({"model": "m", "prompt": "x", "stop": [""]})", "stop"},
       {R"({"model": "m", "prompt": []})", "prompt"},
       {R"({"prompt": "x"})", "model"},

@@ -72,6 +72,19 @@ TEST(CliTest, GenerateContinuesAPromptWithTheBundledModel) {
   EXPECT_NE(err.find("Per-token Latency"), std::string::npos) << err;
   EXPECT_EQ(testing::run_command(cmd + " --max-out-tokens 8", &out), 1);
   EXPECT_NE(out.find("exceeds max_out_tokens (8)"), std::string::npos) << out;
+  // OpenAI's penalties change the greedy answer; a bias outside the vocabulary names the file.
+  std::string penalized;
+  const std::string penalties = " --frequency-penalty 2 --presence-penalty 1";
+  ASSERT_EQ(testing::run_command("(" + cmd + penalties + " 2>/dev/null)", &penalized), 0);
+  EXPECT_NE(penalized, again);
+  EXPECT_EQ(testing::run_command(cmd + " --presence-penalty 3", &out), 1);
+  EXPECT_NE(out.find("key 'presence_penalty' must be in [-2, 2]"), std::string::npos) << out;
+  const std::string config = (tmp / "gen.json").string();
+  std::ofstream(config) << R"({"max_new_tokens": 5, "logit_bias": {"99999": 1}})";
+  EXPECT_EQ(testing::run_command(cmd + " --config " + config, &out), 1);
+  EXPECT_NE(out.find(config + ": key 'logit_bias' names token id 99999, outside the model's vocabulary (50257 ids)"),
+            std::string::npos)
+      << out;
 }
 
 TEST(CliTest, ChatAnswersTwoTurnsThenQuits) {

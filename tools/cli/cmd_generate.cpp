@@ -38,6 +38,10 @@ void run_generate(GenerateOptions o) {
   core::validate_generation_config(o.generation, "generate flags");
   models::LoadOptions load = load_options(o.dtype, o.init, o.device);
   auto model = models::load_causal_lm(o.model, load);
+  for (const auto& [id, bias] : o.generation.logit_bias) {
+    DSCHAT_CHECK(id < model->config().vocab_size, ConfigError, o.config_file, ": key 'logit_bias' names token id ", id,
+                 ", outside the model's vocabulary (", model->config().vocab_size, " ids)");
+  }
   auto tokenizer = tokenizer::Tokenizer::load(o.tokenizer.empty() ? o.model : o.tokenizer);
   inference::InferenceEngineOptions engine_options;
   engine_options.max_out_tokens = o.max_out_tokens;

@@ -3,6 +3,7 @@
 // Hugging Face's GenerationConfig; parse_generation_config reads the same keys from JSON.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -17,6 +18,11 @@ struct GenerationConfig {
   int64_t top_k = 0;                   // 0: off
   double top_p = 1.0;                  // (0, 1]; 1: off
   double repetition_penalty = 1.0;     // >= 1 divides positive / multiplies negative logits of seen tokens
+  // OpenAI's penalties over the tokens generated so far (not the prompt), in [-2, 2]: a token's
+  // logit loses frequency_penalty per time it was generated and presence_penalty once if it was.
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
+  std::map<int64_t, double> logit_bias;  // token id -> added to its logit, in [-100, 100] (OpenAI's)
   uint64_t seed = 42;                  // sampling is reproducible for a given seed
   int64_t num_return_sequences = 1;    // answers per prompt, adjacent rows; the prompt is prefilled
                                        // once and its KV cache shared by its n samples

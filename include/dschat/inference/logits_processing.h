@@ -1,7 +1,8 @@
 #pragma once
 // From the last position's logits to the next token, as Hugging Face's generate does it: the
-// logits processors (repetition penalty, min_new_tokens' EOS suppression), then for sampling the
-// warpers (temperature, top-k, top-p) and one draw per row from that row's own generator.
+// logits processors (logit bias, repetition / frequency / presence penalties, min_new_tokens' EOS
+// suppression), then for sampling the warpers (temperature, top-k, top-p) and one draw per row
+// from that row's own generator.
 
 #include <ATen/core/Generator.h>
 #include <torch/torch.h>
@@ -24,7 +25,11 @@ torch::Tensor outside_top_p(const torch::Tensor& logits, double top_p);
 torch::Tensor outside_top_p_by_topk(const torch::Tensor& logits, double top_p);
 
 /// logits: [B, V] float32, seen: [B, S] the ids so far (prompt and generated), `generated`: tokens
-/// generated before this one -> the adjusted logits [B, V] (masked entries are -inf).
+/// generated before this one (the last `generated` columns of `seen`) -> the adjusted logits
+/// [B, V] (masked entries are -inf). In vLLM's order: logit_bias, the repetition penalty over
+/// `seen`, OpenAI's frequency / presence penalties over the generated columns, EOS suppression
+/// (min_new_tokens), then for sampling temperature, top-k, top-p. `seen` is read only when a
+/// penalty is set.
 torch::Tensor process_logits(torch::Tensor logits, const torch::Tensor& seen, const core::GenerationConfig& config,
                              int64_t generated);
 

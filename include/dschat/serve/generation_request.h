@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -24,6 +25,10 @@ struct SamplingParams {
   double temperature = 1.0;  // 0: greedy
   double top_p = 1.0;        // (0, 1]
   int64_t top_k = 0;         // 0: off (an extension to OpenAI's API)
+  double frequency_penalty = 0.0;   // [-2, 2], OpenAI's: per time a token was generated
+  double presence_penalty = 0.0;    // [-2, 2], OpenAI's: once if a token was generated
+  double repetition_penalty = 1.0;  // [1, 2], Hugging Face's over prompt and answer (an extension, vLLM's)
+  std::map<int64_t, double> logit_bias;  // token id -> added to its logit, [-100, 100]
   std::optional<uint64_t> seed;  // none: a fresh random seed
   int64_t n = 1;             // answers per prompt
   std::vector<std::string> stop;  // the client's stop strings and the chat template's
