@@ -50,20 +50,30 @@ std::optional<int64_t> end_of_turn_token(const ChatTemplate& chat, const tokeniz
 
 }  // namespace
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& tools) const {
   if (jinja) {
     nlohmann::ordered_json variables = nlohmann::ordered_json::object();
     nlohmann::ordered_json& list = variables["messages"] = nlohmann::ordered_json::array();
-    for (const auto& message : messages) list.push_back({{"role", message.role}, {"content", message.content}});
-    variables["tools"] = nullptr;
+    for (const auto& message : messages) {
+      nlohmann::ordered_json item = {{"role", message.role}, {"content", message.content}};
+      if (message.content_null) item["content"] = nullptr;
+      if (!message.tool_calls.is_null()) item["tool_calls"] = message.tool_calls;
+      if (!message.tool_call_id.empty()) item["tool_call_id"] = message.tool_call_id;
+      list.push_back(std::move(item));
+    }
+    variables["tools"] = tools;
     variables["documents"] = nullptr;
     variables["add_generation_prompt"] = add_generation_prompt;
     for (const auto& [key, value] : jinja_variables.items()) variables[key] = value;
     return jinja->render(variables);
   }
+  DSCHAT_CHECK(tools.is_null(), InvalidArgument, "tools: the chat template (", source, ") takes no tools");
   std::string prompt;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& message = messages[i];
+    DSCHAT_CHECK(message.tool_calls.is_null(), InvalidArgument, "messages[", i, "].tool_calls: the chat template (",
+                 source, ") cannot write tool calls");
     if (message.role == "system") {
       prompt += fill(system, message.content);
     } else if (message.role == "user") {
@@ -71,8 +81,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     } else if (message.role == "assistant") {
       prompt += fill(assistant, message.content);
     } else {
-      DSCHAT_THROW(InvalidArgument, "messages[", i, "].role must be system, user or assistant, got '", message.role,
-                   "'");
+      DSCHAT_THROW(InvalidArgument, "messages[", i, "].role must be system, user or assistant (the chat template, ",
+                   source, ", has no tool turns), got '", message.role, "'");
     }
   }
   return add_generation_prompt ? prompt + generation_prompt : prompt;
@@ -122,6 +132,11 @@ ChatTemplate jinja_chat_template(const tokenizer::ChatTemplateSource& source, co
   }
   if (const auto end = end_of_turn_token(chat, tokenizer); end && end != tokenizer.eos_token_id()) {
     chat.stop_token_ids.push_back(*end);
+  }
+  // A template that lists `tools` and shows the model <tool_call> blocks asks for Hermes-style
+  // calls (what vLLM's "hermes" parser reads: Qwen2.5, Qwen3, NousResearch's Hermes).
+  if (source.text.find("tools") != std::string::npos && source.text.find("<tool_call>") != std::string::npos) {
+    chat.tool_call_format = "hermes";
   }
   return chat;
 }

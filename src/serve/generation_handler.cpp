@@ -6,6 +6,7 @@
 #include "serve/connection_watch.h"
 #include "serve/logprobs_json.h"
 #include "serve/server_state.h"
+#include "serve/tool_call_parser.h"
 
 namespace dschat {
 namespace serve {
@@ -24,9 +25,15 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
   std::vector<std::vector<int64_t>> prompts = api.prompt_ids;
   const char* param = api.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (api.endpoint == Endpoint::kChat) {
+    if (!api.tools.is_null() && slot.chat_template.tool_call_format.empty()) {
+      throw ApiError(400, "model '" + api.model + "' has no tool calling: its chat template (" +
+                              slot.chat_template.source + ") does not offer tools as Hermes-style <tool_call> "
+                              "blocks (Qwen2.5, Qwen3, Hermes templates do; --chat-template FILE.jinja sets one)",
+                     "tools");
+    }
     std::string text;
     try {
-      text = slot.chat_template.render(api.messages);
+      text = slot.chat_template.render(api.messages, /*add_generation_prompt=*/true, api.tools);
     } catch (const core::InvalidArgument& e) {  // an unknown role, or the template refused the conversation
       throw ApiError(400, e.what(), "messages");
     } catch (const core::Unsupported& e) {  // the template needs what dschat's Jinja subset lacks
@@ -106,6 +113,16 @@ void answer_whole(Server::State& state, const ModelSlot& slot, const httplib::Re
       choices[i].logprobs = ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint).next(scored[i]);
     }
   }
+  if (!api.tools.is_null()) {
+    for (auto& choice : choices) {
+      ParsedReply reply = parse_hermes_tool_calls(choice.text);
+      if (reply.tool_calls.empty()) continue;
+      choice.content_null = reply.content.is_null();
+      choice.text = choice.content_null ? "" : reply.content.get<std::string>();
+      choice.tool_calls = json(reply.tool_calls);
+      choice.finish_reason = "tool_calls";
+    }
+  }
   const json body = full_response(api.endpoint, new_response_id(api.endpoint), unix_now(), api.model, choices,
                                   request->prompt_tokens(), request->completion_tokens());
   response.set_content(wire_json(body), "application/json");
@@ -121,7 +138,39 @@ struct StreamState {
   int socket = -1;
   bool opened = false;
   std::vector<ChoiceLogprobs> logprobs;  // per choice when the request asked for log-probs
+  std::vector<ToolCallStream> tool_calls;  // per choice when the request offered tools
 };
+
+// A chat choice's event when the request offered tools: content goes out through the choice's
+// ToolCallStream (up to a <tool_call>), and at the choice's end the rest of its content, its calls
+// (each with its index, whole: OpenAI's clients join a call's pieces, and one piece is a valid
+// split) and the finish reason, "tool_calls" when it made any.
+template <typename Write>
+bool write_with_tool_calls(StreamState& stream, const ChoiceEvent& event, json logprobs, const Write& write) {
+  const auto chunk = [&](const std::string& text, const std::string& reason, const json& calls) {
+    std::string data = sse(stream_chunk(stream.endpoint, stream.id, stream.created, stream.model, event.index, text,
+                                        reason, false, logprobs, calls));
+    logprobs = nullptr;
+    return data;
+  };
+  ToolCallStream& calls = stream.tool_calls[static_cast<size_t>(event.index)];
+  const std::string content = calls.push(event.text);
+  if ((!content.empty() || !logprobs.is_null()) && !write(chunk(content, "", nullptr))) return false;
+  if (event.finish_reason.empty()) return true;
+  const ParsedReply reply = calls.finish();
+  if (reply.content.is_string() && !reply.content.get<std::string>().empty() &&
+      !write(chunk(reply.content.get<std::string>(), "", nullptr))) {
+    return false;
+  }
+  if (reply.tool_calls.empty()) return write(chunk("", event.finish_reason, nullptr));
+  json indexed = json::array();
+  for (size_t i = 0; i < reply.tool_calls.size(); ++i) {
+    json call = json(reply.tool_calls[i]);
+    call["index"] = i;
+    indexed.push_back(std::move(call));
+  }
+  return write(chunk("", "", indexed)) && write(chunk("", "tool_calls", nullptr));
+}
 
 void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib::Request& http,
                      httplib::Response& response, const std::shared_ptr<GenerationRequest>& request,
@@ -137,6 +186,7 @@ void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib:
   if (api.params.logprobs >= 0) {
     stream->logprobs.assign(static_cast<size_t>(request->rows()), ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint));
   }
+  if (!api.tools.is_null()) stream->tool_calls.resize(static_cast<size_t>(request->rows()));
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");  // proxies: pass events on as they come
   const Server::State* server = &state;
@@ -168,7 +218,9 @@ void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib:
         logprobs = nullptr;
         return data;
       };
-      if (stream->endpoint == Endpoint::kChat) {
+      if (!stream->tool_calls.empty()) {
+        if (!write_with_tool_calls(*stream, event, logprobs, write)) return false;
+      } else if (stream->endpoint == Endpoint::kChat) {
         if (!event.text.empty() && !write(chunk(event.text, ""))) return false;
         if (!event.finish_reason.empty() && !write(chunk("", event.finish_reason))) return false;
       } else if (!write(chunk(event.text, event.finish_reason))) {

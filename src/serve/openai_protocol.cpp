@@ -1,5 +1,7 @@
 #include "serve/openai_protocol.h"
 
+#include "serve/chat_messages.h"
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -78,8 +80,8 @@ void refuse_unsupported(const json& body) {
   };
   if (present("best_of") && body["best_of"] != 1) refuse("best_of", "use n");
   if (present("suffix")) refuse("suffix", "no insertion mode");
-  for (const char* key : {"tools", "tool_choice", "functions", "function_call"}) {
-    if (present(key)) refuse(key, "no tool calling");
+  for (const char* key : {"functions", "function_call"}) {
+    if (present(key)) refuse(key, "deprecated by OpenAI; use tools and tool_choice");
   }
   if (present("response_format") && !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
     refuse("response_format", "only {\"type\": \"text\"}");
@@ -129,42 +131,6 @@ std::vector<std::string> stop_strings(const json& body) {
     if (s.empty()) throw bad_value("stop", "'stop' sequences must not be empty");
   }
   return out;
-}
-
-std::string message_content(const json& message, size_t index) {
-  const std::string where = "messages[" + std::to_string(index) + "].content";
-  if (!message.contains("content") || message["content"].is_null()) throw bad_value(where, "'" + where + "' is required");
-  const json& content = message["content"];
-  if (content.is_string()) return content.get<std::string>();
-  if (content.is_array()) {  // content parts: only text parts, concatenated
-    std::string text;
-    for (const auto& part : content) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
-        throw bad_value(where, "'" + where + "' parts must be {\"type\": \"text\", \"text\": ...} (no images or audio)");
-      }
-      text += part["text"].get<std::string>();
-    }
-    return text;
-  }
-  throw bad_value(where, "'" + where + "' must be a string, got " + type_name(content));
-}
-
-void read_messages(const json& body, ApiRequest& request) {
-  if (!body.contains("messages")) throw bad_value("messages", "'messages' is required");
-  const json& messages = body["messages"];
-  if (!messages.is_array() || messages.empty()) throw bad_value("messages", "'messages' must be a non-empty list");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const json& message = messages[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!message.is_object()) throw bad_value(where, "'" + where + "' must be an object");
-    if (!message.contains("role") || !message["role"].is_string()) throw bad_value(where + ".role", "'" + where + ".role' is required");
-    std::string role = message["role"].get<std::string>();
-    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
-    if (role != "system" && role != "user" && role != "assistant") {
-      throw bad_value(where + ".role", "'" + where + ".role' must be system, user or assistant, got '" + role + "'");
-    }
-    request.messages.push_back(ChatMessage{role, message_content(message, i)});
-  }
 }
 
 void read_prompt(const json& body, ApiRequest& request) {
@@ -270,7 +236,8 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   if (!body.contains("model") || !body["model"].is_string()) throw bad_value("model", "'model' is required (a string)");
   request.model = body["model"].get<std::string>();
   if (endpoint == Endpoint::kChat) {
-    read_messages(body, request);
+    // Parsed again with the client's key order: tools and call arguments reach the template as sent.
+    read_chat_messages(nlohmann::ordered_json::parse(text), request);
   } else {
     read_prompt(body, request);
   }
@@ -346,6 +313,8 @@ json full_response(Endpoint endpoint, const std::string& id, int64_t created, co
     json choice = {{"index", i}, {"finish_reason", choices[i].finish_reason}};
     if (endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+      if (choices[i].content_null) choice["message"]["content"] = nullptr;
+      if (!choices[i].tool_calls.empty()) choice["message"]["tool_calls"] = choices[i].tool_calls;
     } else {
       choice["text"] = choices[i].text;
     }
@@ -358,7 +327,8 @@ json full_response(Endpoint endpoint, const std::string& id, int64_t created, co
 }
 
 json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                  const std::string& text, const std::string& finish_reason, bool first, const json& logprobs) {
+                  const std::string& text, const std::string& finish_reason, bool first, const json& logprobs,
+                  const json& tool_calls) {
   json body = envelope(endpoint, id, created, model, true);
   json choice = {{"index", index}, {"finish_reason", nullptr}};
   if (!finish_reason.empty()) choice["finish_reason"] = finish_reason;
@@ -366,6 +336,7 @@ json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, con
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
+    if (!tool_calls.is_null()) delta["tool_calls"] = tool_calls;
     choice["delta"] = delta;
     if (!logprobs.is_null()) choice["logprobs"] = logprobs;
   } else {

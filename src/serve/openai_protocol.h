@@ -39,6 +39,7 @@ struct ApiRequest {
   std::vector<std::string> prompts;                 // completions: text prompts
   std::vector<std::vector<int64_t>> prompt_ids;     // completions: prompts given as token ids
   std::vector<ChatMessage> messages;                // chat
+  nlohmann::ordered_json tools = nullptr;           // chat: the functions offered (tool_choice "auto"); null: none
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -54,6 +55,8 @@ ApiRequest parse_api_request(const std::string& body, Endpoint endpoint, int64_t
 /// One finished choice of a non-streamed answer.
 struct ChoiceResult {
   std::string text;
+  bool content_null = false;  // chat: a reply that is only tool calls has content null
+  nlohmann::json tool_calls = nlohmann::json::array();  // chat: OpenAI's calls (tool_call_parser.h)
   std::string finish_reason;
   nlohmann::json logprobs;  // null, or the choice's "logprobs" object (logprobs_json.h)
 };
@@ -65,10 +68,11 @@ nlohmann::json full_response(Endpoint endpoint, const std::string& id, int64_t c
                              const std::vector<ChoiceResult>& choices, int64_t prompt_tokens, int64_t completion_tokens);
 
 /// One streamed chunk for choice `index`: `text` (may be empty), `finish_reason` ("" = null).
-/// For chat, `first` adds the delta's role. `logprobs`: the piece's "logprobs" object (or null).
+/// For chat, `first` adds the delta's role, and `tool_calls` (non-null) the delta's calls, each
+/// with its "index". `logprobs`: the piece's "logprobs" object (or null).
 nlohmann::json stream_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                             int64_t index, const std::string& text, const std::string& finish_reason, bool first,
-                            const nlohmann::json& logprobs = nullptr);
+                            const nlohmann::json& logprobs = nullptr, const nlohmann::json& tool_calls = nullptr);
 
 /// The last chunk of a stream with include_usage: no choices, the usage object.
 nlohmann::json usage_chunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,

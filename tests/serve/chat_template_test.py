@@ -2,7 +2,8 @@
 chat_template: the prompt is that template's rendering (its token count equals transformers'
 apply_chat_template), --chat-template deepspeed brings back DeepSpeed-Chat's format, and a
 template outside dschat's Jinja subset is refused at start, naming the file and the construct. A tiny
-random Qwen2 served with Qwen2.5's own template answers exactly what transformers' greedy generate does.
+random Qwen2 served with Qwen2.5's own template answers exactly what transformers' greedy generate does;
+tools offered through that template, and a scripted model's <tool_call> reply returned as tool_calls.
 
 Run: .venv/bin/python tests/serve/chat_template_test.py   (ctest: serve_chat_template). The tokenizer
 directory is made at test time from the bundled GPT-2 files plus a tokenizer_config.json.
@@ -108,6 +109,90 @@ class ChatTemplateServeTest(unittest.TestCase):
         self.assertEqual(answer.usage.prompt_tokens, len(ids))
         self.assertTrue(expected)  # a random model's 8 tokens: never empty, so the comparison has teeth
         self.assertEqual(answer.choices[0].message.content, expected)
+
+    def test_tool_calls_from_a_scripted_model(self):
+        """Tools end to end with Qwen2.5's template: the prompt lists the tools as transformers'
+        apply_chat_template does (same token count), and a reply holding a <tool_call> block comes
+        back as OpenAI's tool_calls, whole and streamed. The model is a one-layer GPT-2 whose blocks
+        are zeroed and whose position embeddings point at a script's tokens, so its greedy reply at
+        that prompt length is the script (checked with transformers' generate first)."""
+        import torch
+        from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                           "required": ["city"]}}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        script_text = ('Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": '
+                       '"celsius"}}\n</tool_call>')
+        with tempfile.TemporaryDirectory(prefix="dschat-tools-serve-") as tmp:
+            directory = tokenizer_dir(tmp, template)
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            script = tokenizer(script_text)["input_ids"] + [50256]
+            torch.manual_seed(0)
+            config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=1, n_head=2,
+                                bos_token_id=50256, eos_token_id=50256)
+            model = GPT2LMHeadModel(config).eval()
+            with torch.no_grad():
+                for parameter in model.transformer.h.parameters():
+                    parameter.zero_()
+                model.transformer.wte.weight.normal_()
+                model.transformer.wpe.weight.zero_()
+                for i, token in enumerate(script):  # position P - 1 + i predicts script[i]
+                    model.transformer.wpe.weight[len(ids) - 1 + i] = 30.0 * model.transformer.wte.weight[token]
+                greedy = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                        max_new_tokens=len(script) + 4, do_sample=False, pad_token_id=50256)
+            self.assertEqual(greedy[0, len(ids):].tolist(), script, "the scripted model does not follow its script")
+            model.save_pretrained(directory, safe_serialization=True)
+            with ServedModels(models=[f"tools={directory}"], tokenizer=directory) as server:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+                ask = dict(model="tools", messages=messages, tools=tools, max_tokens=len(script) + 4, temperature=0)
+                answer = client.chat.completions.create(**ask)
+                chunks = list(client.chat.completions.create(**ask, stream=True))
+                # The next turn: the call and its result, rendered as transformers renders them.
+                call = answer.choices[0].message.tool_calls[0]
+                turns = messages + [
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": call.id, "type": "function",
+                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+                    {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+                follow_up = client.chat.completions.create(**dict(ask, messages=turns, max_tokens=2))
+                plain = client.chat.completions.create(**dict(ask, tool_choice="none", max_tokens=2))
+            hf_turns = [dict(t) for t in turns]
+            hf_turns[1] = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": json.loads(call.function.arguments)}}]}
+            follow_up_ids = tokenizer.apply_chat_template(hf_turns, tools=tools, tokenize=True,
+                                                          add_generation_prompt=True)
+            follow_up_ids = list(follow_up_ids["input_ids"] if hasattr(follow_up_ids, "keys") else follow_up_ids)
+            no_tools_ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            no_tools_ids = list(no_tools_ids["input_ids"] if hasattr(no_tools_ids, "keys") else no_tools_ids)
+
+        self.assertEqual(answer.usage.prompt_tokens, len(ids))
+        choice = answer.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertEqual(choice.message.content, "Checking.")
+        self.assertEqual(len(choice.message.tool_calls), 1)
+        self.assertEqual(call.type, "function")
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris", "unit": "celsius"})
+        self.assertTrue(call.id.startswith("call_"), call.id)
+        # Streamed: the content before the tag, then the call (with its index), then the reason.
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(content, "Checking.")
+        streamed_calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        self.assertEqual(len(streamed_calls), 1)
+        self.assertEqual(streamed_calls[0].index, 0)
+        self.assertEqual(streamed_calls[0].function.name, "get_weather")
+        self.assertEqual(json.loads(streamed_calls[0].function.arguments), {"city": "Paris", "unit": "celsius"})
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
+                         ["tool_calls"])
+        self.assertEqual(follow_up.usage.prompt_tokens, len(follow_up_ids))
+        self.assertEqual(plain.usage.prompt_tokens, len(no_tools_ids))  # tool_choice "none": no tools offered
+        self.assertIsNone(plain.choices[0].message.tool_calls)
 
     def test_deepspeed_flag_brings_back_human_assistant(self):
         from transformers import GPT2TokenizerFast

@@ -117,6 +117,31 @@ TEST(JinjaChatTemplate, WhatCannotBeRenderedIsRefusedNamingFileConstructAndPosit
                     "raise_exception: Conversation roles must alternate user/assistant/user/assistant/...");
 }
 
+// Templates that list `tools` and show <tool_call> blocks (Qwen2.5, Qwen3) offer Hermes-style tool
+// calls, and render the tools they are given; the others offer none.
+TEST(JinjaChatTemplate, HermesTemplatesOfferToolCalls) {
+  const auto load = [](const std::string& name) {
+    std::ifstream in(testing::fixture("chat_templates") / (name + ".jinja"));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const std::string name : {"qwen2.5", "qwen3", "chatml", "llama3-instruct", "mistral-v0.3"}) {
+    testing::TempDir tmp;
+    const ChatTemplate chat = select_chat_template("", tokenizer::Tokenizer::load(tokenizer_dir(tmp, load(name))));
+    const bool hermes = name.rfind("qwen", 0) == 0;
+    EXPECT_EQ(chat.tool_call_format, hermes ? "hermes" : "") << name;
+    if (!hermes) continue;
+    const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+        R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
+    const std::string prompt = chat.render({{"user", "Weather?"}}, true, tools);
+    EXPECT_NE(prompt.find("<tools>\n"), std::string::npos) << prompt;
+    const std::string written = R"({"type": "function", "function": {"name": "get_weather", )"
+                                R"("parameters": {"type": "object"}}})";
+    EXPECT_NE(prompt.find(written), std::string::npos)
+        << name << ": the tool as transformers' tojson writes it\n" << prompt;
+    EXPECT_EQ(chat.render({{"user", "Weather?"}}, true).find("<tools>"), std::string::npos) << name;
+  }
+}
+
 // The tiny model's greedy answer, then the same request with one of its tokens as an end-of-turn
 // id: the answer stops there ("stop"), that token and everything after it left out.
 TEST(JinjaChatTemplate, AnEndOfTurnIdEndsTheAnswer) {

@@ -33,8 +33,14 @@ namespace dschat {
 namespace serve {
 
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant" or "tool" (a tool's result)
   std::string content;
+  /// An assistant turn's calls, as Hugging Face templates read them: [{"id", "type": "function",
+  /// "function": {"name", "arguments": {...}}}] (arguments an object, not OpenAI's JSON text);
+  /// null when none. Such a turn's content may be absent (content_null).
+  nlohmann::ordered_json tool_calls = nullptr;
+  bool content_null = false;
+  std::string tool_call_id;  // a "tool" message: the call it answers
 };
 
 struct ChatTemplate {
@@ -54,11 +60,18 @@ struct ChatTemplate {
   std::vector<int64_t> stop_token_ids;
   /// Whether prompts are encoded with the tokenizer's special tokens (a Jinja template writes its own).
   bool add_special_tokens = true;
+  /// How the model writes a tool call, when its template offers tools: "hermes" for a template
+  /// that takes `tools` and shows <tool_call> blocks (Qwen2.5, Qwen3, Hermes); "" for none.
+  std::string tool_call_format;
 
   /// The prompt for `messages`, ending with generation_prompt (a Jinja template: with
-  /// add_generation_prompt). Throws core::InvalidArgument naming the message index for an unknown
-  /// role, or naming the template's file, line and column when it fails or raise_exception()s.
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  /// add_generation_prompt). `tools` (a Jinja template only): the function definitions the
+  /// template lists, OpenAI's [{"type": "function", "function": {...}}], or null. Throws
+  /// core::InvalidArgument naming the message index for an unknown role or a tool turn the
+  /// role patterns cannot write, or naming the template's file, line and column when it fails or
+  /// raise_exception()s.
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
+                     const nlohmann::ordered_json& tools = nullptr) const;
   /// Where the template came from, for logs: DeepSpeed-Chat's format, or a file.
   std::string source = "DeepSpeed-Chat's Human:/Assistant: format";
 };

@@ -1,0 +1,96 @@
+#include "serve/tool_call_parser.h"
+
+#include <algorithm>
+#include <random>
+
+namespace dschat {
+namespace serve {
+namespace {
+
+constexpr const char* kCallOpen = "<tool_call>";
+constexpr const char* kCallClose = "</tool_call>";
+constexpr size_t kCallOpenLength = 11;
+constexpr size_t kCallCloseLength = 12;
+
+// "call_" and 24 random hex digits: unique enough within a conversation, as OpenAI's ids are.
+std::string new_call_id() {
+  static thread_local std::mt19937_64 source{std::random_device{}()};
+  static const char* const kHex = "0123456789abcdef";
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kHex[source() % 16];
+  return id;
+}
+
+// One block's text -> an OpenAI call; false when it is not {"name": string, "arguments": ...}.
+bool read_call(const std::string& block, nlohmann::ordered_json& call) {
+  const nlohmann::ordered_json object = nlohmann::ordered_json::parse(block, nullptr, /*allow_exceptions=*/false);
+  if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
+  const nlohmann::ordered_json arguments = object.value("arguments", nlohmann::ordered_json::object());
+  // Arguments are JSON text on the wire; a model that already wrote them as text keeps its text.
+  const std::string text = arguments.is_string() ? arguments.get<std::string>() : arguments.dump();
+  call = {{"id", new_call_id()},
+          {"type", "function"},
+          {"function", {{"name", object["name"].get<std::string>()}, {"arguments", text}}}};
+  return true;
+}
+
+}  // namespace
+
+ParsedReply parse_hermes_tool_calls(const std::string& text) {
+  ParsedReply reply;
+  const size_t first = text.find(kCallOpen);
+  if (first == std::string::npos) {
+    reply.content = text;
+    return reply;
+  }
+  for (size_t at = first; at != std::string::npos; at = text.find(kCallOpen, at)) {
+    const size_t begin = at + kCallOpenLength;
+    const size_t end = text.find(kCallClose, begin);  // npos: an unclosed last block runs to the end
+    nlohmann::ordered_json call;
+    if (!read_call(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin), call)) {
+      return ParsedReply{text, nlohmann::ordered_json::array()};  // not calls after all: all of it is content
+    }
+    reply.tool_calls.push_back(std::move(call));
+    if (end == std::string::npos) break;
+    at = end + kCallCloseLength;
+  }
+  if (first > 0) reply.content = text.substr(0, first);
+  return reply;
+}
+
+std::string ToolCallStream::push(const std::string& piece) {
+  text_ += piece;
+  if (in_call_) return "";
+  const size_t tag = text_.find(kCallOpen, sent_ >= kCallOpenLength ? sent_ - kCallOpenLength : 0);
+  size_t safe = text_.size();  // content up to here can go out
+  if (tag != std::string::npos) {
+    in_call_ = true;
+    safe = tag;
+  } else {
+    // Hold back a tail that could be the start of the tag ("<tool" of "<tool_call>").
+    for (size_t keep = std::min(kCallOpenLength - 1, text_.size()); keep > 0; --keep) {
+      if (text_.compare(text_.size() - keep, keep, kCallOpen, keep) == 0) {
+        safe = text_.size() - keep;
+        break;
+      }
+    }
+  }
+  safe = std::max(safe, sent_);
+  std::string out = text_.substr(sent_, safe - sent_);
+  sent_ = safe;
+  return out;
+}
+
+ParsedReply ToolCallStream::finish() {
+  ParsedReply reply = parse_hermes_tool_calls(text_);
+  if (reply.tool_calls.empty()) {
+    reply.content = text_.substr(sent_);  // no calls: what was held back is content
+  } else {
+    const size_t tag = text_.find(kCallOpen);
+    reply.content = tag > sent_ ? nlohmann::ordered_json(text_.substr(sent_, tag - sent_)) : nullptr;
+  }
+  return reply;
+}
+
+}  // namespace serve
+}  // namespace dschat

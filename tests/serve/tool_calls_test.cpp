@@ -1,0 +1,185 @@
+// Tool calling in `dschat serve`: Hermes-style <tool_call> blocks read from a reply as vLLM's
+// "hermes" parser reads them (whole and streamed, split anywhere), and a chat request's tools,
+// tool_choice, assistant tool_calls and tool messages read and checked, each error naming its key.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "dschat/core/error.h"
+#include "serve/openai_protocol.h"
+#include "serve/tool_call_parser.h"
+#include "test_util.h"
+
+namespace dschat {
+namespace serve {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const std::string kTwoCalls =
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+    "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+
+void expect_call(const Json& call, const std::string& name, const std::string& arguments) {
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], name);
+  EXPECT_EQ(call["function"]["arguments"], arguments);
+  const std::string id = call["id"].get<std::string>();
+  EXPECT_EQ(id.rfind("call_", 0), 0u) << id;
+  EXPECT_EQ(id.size(), 29u) << id;
+}
+
+TEST(HermesToolCalls, ContentBeforeTheFirstBlockAndEachBlockACall) {
+  const ParsedReply reply = parse_hermes_tool_calls(kTwoCalls);
+  EXPECT_EQ(reply.content, "Let me check.\n");
+  ASSERT_EQ(reply.tool_calls.size(), 2u);
+  expect_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris","days":2})");  // the model's key order
+  expect_call(reply.tool_calls[1], "get_time", "{}");
+  EXPECT_NE(reply.tool_calls[0]["id"], reply.tool_calls[1]["id"]);
+
+  const ParsedReply only =
+      parse_hermes_tool_calls("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1]}}\n</tool_call>");
+  EXPECT_TRUE(only.content.is_null());  // no text before the call
+  ASSERT_EQ(only.tool_calls.size(), 1u);
+  expect_call(only.tool_calls[0], "f", R"({"x":[1]})");
+  // A last block cut off by max_tokens after its JSON ended still counts; arguments given as text stay text.
+  const ParsedReply unclosed =
+      parse_hermes_tool_calls("<tool_call>{\"name\": \"g\", \"arguments\": \"{\\\"a\\\": 1}\"}");
+  ASSERT_EQ(unclosed.tool_calls.size(), 1u);
+  expect_call(unclosed.tool_calls[0], "g", "{\"a\": 1}");
+}
+
+TEST(HermesToolCalls, BlocksThatAreNotCallsLeaveAllTheTextAsContent) {
+  for (const std::string text : {std::string("plain answer"), std::string("a <tool_call> {not json} </tool_call>"),
+                                 std::string("<tool_call>{\"arguments\": {}}</tool_call>"),  // no name
+                                 std::string("<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": 3}"),
+                                 std::string("<tool_call>{\"name\": \"f\", \"arguments\": {\"cut\": ")}) {
+    const ParsedReply reply = parse_hermes_tool_calls(text);
+    EXPECT_TRUE(reply.tool_calls.empty()) << text;
+    EXPECT_EQ(reply.content, text);
+  }
+}
+
+// Streamed in pieces of every size, the content sent plus finish()'s equals the whole reply's
+// content, and the calls are the same; no piece of the tag or the calls' JSON goes out as content.
+TEST(HermesToolCalls, StreamedInAnySplitGivesTheWholeReplysContentAndCalls) {
+  const std::vector<std::string> replies = {kTwoCalls, "no calls, but <tool and <tool_ca and a trailing <tool_c",
+                                            "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                                            "text <tool_call> not json", "x<tool_call>"};
+  std::mt19937 random(3);
+  for (const std::string& text : replies) {
+    const ParsedReply whole = parse_hermes_tool_calls(text);
+    const std::string want_content = whole.content.is_null() ? "" : whole.content.get<std::string>();
+    for (int trial = 0; trial < 40; ++trial) {
+      ToolCallStream stream;
+      std::string sent;
+      for (size_t at = 0; at < text.size();) {
+        const size_t piece = trial == 0 ? 1 : 1 + random() % 7;  // trial 0: character by character
+        const std::string out = stream.push(text.substr(at, piece));
+        sent += out;
+        at += piece;
+        if (!whole.tool_calls.empty()) {
+          EXPECT_EQ(sent.find("<tool_call"), std::string::npos) << text;  // the tag never leaks
+        }
+      }
+      const ParsedReply last = stream.finish();
+      if (last.content.is_string()) sent += last.content.get<std::string>();
+      EXPECT_EQ(sent, want_content) << text << " (trial " << trial << ")";
+      ASSERT_EQ(last.tool_calls.size(), whole.tool_calls.size()) << text;
+      for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
+        EXPECT_EQ(last.tool_calls[i]["function"], whole.tool_calls[i]["function"]);
+      }
+    }
+  }
+}
+
+ApiRequest chat(const std::string& extra) {
+  return parse_api_request(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])" + extra + "}",
+                           Endpoint::kChat, 16);
+}
+
+TEST(ChatToolRequest, ToolsCallsAndResultsAreReadForTheTemplate) {
+  const std::string tools =
+      R"(, "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+  const ApiRequest request = parse_api_request(
+      R"({"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}])" + tools + "}",
+      Endpoint::kChat, 16);
+  ASSERT_EQ(request.messages.size(), 3u);
+  const ChatMessage& call = request.messages[1];
+  EXPECT_TRUE(call.content_null);
+  // The arguments reach the template as an object in the client's key order (vLLM's json.loads).
+  EXPECT_EQ(call.tool_calls.dump(), R"([{"id":"call_1","type":"function","function":{"name":"get_weather",)"
+                                    R"("arguments":{"city":"Paris","unit":"C"}}}])");
+  EXPECT_EQ(request.messages[2].role, "tool");
+  EXPECT_EQ(request.messages[2].tool_call_id, "call_1");
+  ASSERT_TRUE(request.tools.is_array());
+  // As sent, keys in the client's order (transformers renders the dicts it is given).
+  EXPECT_EQ(request.tools[0]["function"]["parameters"].dump(),
+            R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  EXPECT_TRUE(chat(tools + R"(, "tool_choice": "none")").tools.is_null()) << "none: the tools are not offered";
+  EXPECT_TRUE(chat(tools + R"(, "tool_choice": "auto")").tools.is_array());
+  EXPECT_TRUE(chat("").tools.is_null());
+}
+
+TEST(ChatToolRequest, BadToolsAndTurnsNameTheirKey) {
+  const std::vector<std::pair<std::string, std::string>> bad = {  // extra body, the param named
+      {R"(, "tools": {"name": "f"})", "tools"},
+      {R"(, "tools": [{"type": "retrieval"}])", "tools[0]"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "bad name"}}])", "tools[0].function.name"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}])",
+       "tools[0].function.parameters"},
+      {R"(, "tool_choice": "required")", "tool_choice"},
+      {R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", "tool_choice"},
+      {R"(, "functions": [{"name": "f"}])", "functions"},
+  };
+  for (const auto& [extra, param] : bad) {
+    try {
+      chat(extra);
+      ADD_FAILURE() << extra << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << e.what();
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> turns = {  // messages, the param named
+      {R"([{"role": "tool", "content": "22 C"}])", "messages[0].tool_call_id"},
+      {R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}])", "messages[0].tool_calls"},
+      {R"([{"role": "assistant", "tool_calls": []}])", "messages[0].tool_calls"},
+      {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}])",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"([{"role": "assistant", "content": null}])", "messages[0].content"},
+      {R"([{"role": "robot", "content": "x"}])", "messages[0].role"},
+  };
+  for (const auto& [messages, param] : turns) {
+    try {
+      parse_api_request(R"({"model": "m", "messages": )" + messages + "}", Endpoint::kChat, 16);
+      ADD_FAILURE() << messages << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << e.what();
+    }
+  }
+}
+
+// The role patterns (DeepSpeed-Chat's format) have no tool turns: a tool message or an assistant
+// call is refused by name rather than dropped from the prompt.
+TEST(ChatToolRequest, DeepSpeedChatsFormatRefusesToolTurns) {
+  const ChatTemplate deepspeed;
+  EXPECT_TRUE(deepspeed.tool_call_format.empty());
+  ChatMessage call{"assistant", "", Json::parse(R"([{"function": {"name": "f", "arguments": {}}}])"), true, ""};
+  EXPECT_THROW_WITH(deepspeed.render({{"user", "x"}, call}), core::InvalidArgument,
+                    "messages[1].tool_calls: the chat template (DeepSpeed-Chat's Human:/Assistant: format) cannot "
+                    "write tool calls");
+  ChatMessage result{"tool", "22 C", nullptr, false, "call_1"};
+  EXPECT_THROW_WITH(deepspeed.render({{"user", "x"}, result}), core::InvalidArgument, "has no tool turns), got 'tool'");
+  EXPECT_THROW_WITH(deepspeed.render({{"user", "x"}}, true, Json::array({Json::object()})), core::InvalidArgument,
+                    "tools: the chat template (DeepSpeed-Chat's Human:/Assistant: format) takes no tools");
+}
+
+}  // namespace
+}  // namespace serve
+}  // namespace dschat
