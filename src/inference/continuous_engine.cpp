@@ -130,6 +130,7 @@ int64_t ContinuousEngine::submit(std::vector<int64_t> prompt, const core::Genera
     sequence->tokens = prompt;
     sequence->prompt_length = prompt_length;
     sequence->logprobs = samples.logprobs;
+    sequence->constraint = samples.constraint;
     if (config.do_sample) {
       sequence->generator.push_back(
           make_sampling_generator(device, seeds.empty() ? row_seed(config.seed, j) : seeds[j]));
@@ -323,7 +324,8 @@ void ContinuousEngine::sample_into(const std::vector<Sequence*>& sequences, cons
   std::vector<RowSampling> rows;
   for (Sequence* sequence : sequences) {
     rows.push_back(RowSampling{&sequence->config, sequence->generated(), &sequence->tokens,
-                               sequence->generator.empty() ? at::Generator() : sequence->generator.front()});
+                               sequence->generator.empty() ? at::Generator() : sequence->generator.front(),
+                               sequence->constraint.get()});
   }
   // The raw distribution's log-probs, taken before sample_rows processes the logits.
   std::vector<int64_t> scored_rows, top;

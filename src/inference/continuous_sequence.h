@@ -5,6 +5,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "dschat/core/generation_config.h"
@@ -24,6 +25,7 @@ struct ContinuousEngine::Sequence {
   int64_t admitted_at = -1;     // admission order: the latest admitted is preempted first
   int64_t preemptions = 0;
   int64_t logprobs = -1;        // SampleOptions::logprobs
+  std::shared_ptr<const TokenConstraint> constraint;  // SampleOptions::constraint
   bool fresh = false;           // drew its token in this step's prefill: no decode this step
   bool parked = false;          // prefilled with its siblings, waiting for a decode row (holds
                                 // only the shared prompt blocks)

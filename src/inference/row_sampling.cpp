@@ -1,5 +1,6 @@
 #include "inference/row_sampling.h"
 
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -26,7 +27,7 @@ std::vector<int64_t> sample_rows(const torch::Tensor& logits, const std::vector<
   for (int64_t r = 0; r < count; ++r) {
     const core::GenerationConfig& c = *rows[r].config;
     const bool suppress_eos = c.eos_token_id && rows[r].generated < c.min_new_tokens;
-    const int64_t alone = reads_own_tokens(c) || !c.logit_bias.empty() ? r : -1;
+    const int64_t alone = reads_own_tokens(c) || !c.logit_bias.empty() || rows[r].constraint ? r : -1;
     groups[Key{alone, c.do_sample, c.do_sample ? c.temperature : 1.0, c.do_sample ? c.top_k : 0,
                c.do_sample ? c.top_p : 1.0, suppress_eos, suppress_eos ? *c.eos_token_id : -1}]
         .push_back(r);
@@ -39,6 +40,11 @@ std::vector<int64_t> sample_rows(const torch::Tensor& logits, const std::vector<
     torch::Tensor seen;  // [1, S], the penalties' (such a row is alone in its group)
     if (reads_own_tokens(*first.config)) {
       seen = torch::tensor(*first.tokens, torch::kInt64).to(logits.device()).unsqueeze(0);
+    }
+    if (first.constraint) {  // before anything else, as vLLM applies a grammar's bitmask
+      const std::vector<int64_t> generated(first.tokens->end() - first.generated, first.tokens->end());
+      torch::Tensor allowed = first.constraint->allowed(generated, group.size(1)).to(logits.device());  // [V]
+      group.masked_fill_(allowed.logical_not().unsqueeze(0), -std::numeric_limits<float>::infinity());
     }
     group = process_logits(group, seen, *first.config, first.generated);
     std::vector<at::Generator> generators;

@@ -83,8 +83,15 @@ void refuse_unsupported(const json& body) {
   for (const char* key : {"functions", "function_call"}) {
     if (present(key)) refuse(key, "deprecated by OpenAI; use tools and tool_choice");
   }
-  if (present("response_format") && !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
-    refuse("response_format", "only {\"type\": \"text\"}");
+  if (present("response_format")) {
+    const json& format = body["response_format"];
+    const std::string type = format.is_object() ? format.value("type", "") : "";
+    if (type == "json_schema") {
+      refuse("response_format", "a json_schema needs schema-guided decoding; json_object works");
+    }
+    if (type != "text" && type != "json_object") {
+      refuse("response_format", "only {\"type\": \"text\"} and {\"type\": \"json_object\"}");
+    }
   }
 }
 
@@ -257,6 +264,8 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   params.presence_penalty = number(body, "presence_penalty", 0.0, -2.0, 2.0, false);
   params.repetition_penalty = number(body, "repetition_penalty", 1.0, 1.0, 2.0, false);
   params.logit_bias = logit_bias(body);
+  params.json_object = body.contains("response_format") && body["response_format"].is_object() &&
+                       body["response_format"].value("type", "") == "json_object";
   params.stop = stop_strings(body);
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw bad_value("seed", "'seed' must be an integer");

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "dschat/inference/logits_processing.h"
+#include "serve/json_mode.h"
 
 namespace dschat {
 namespace serve {
@@ -44,11 +45,19 @@ bool RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
   if (eos_ >= 0) config.eos_token_id = eos_;
   config.num_return_sequences = params.n;
   const uint64_t seed = params.seed.value_or(fresh_seed());
+  std::shared_ptr<const inference::TokenConstraint> constraint;
+  if (params.json_object) {
+    if (!token_texts_) token_texts_ = std::make_shared<const std::vector<std::string>>(token_texts(*tokenizer_));
+    std::vector<int64_t> end_ids = params.stop_token_ids;
+    if (eos_ >= 0) end_ids.push_back(eos_);
+    constraint = std::make_shared<JsonObjectConstraint>(token_texts_, std::move(end_ids));
+  }
   Live live{request, {}, 0};
   std::vector<int64_t> engine_requests;
   for (size_t p = 0; p < request->prompts().size(); ++p) {
     inference::SampleOptions samples;
     samples.logprobs = params.logprobs;
+    samples.constraint = constraint;
     for (int64_t j = 0; j < params.n; ++j) {
       samples.seeds.push_back(inference::row_seed(seed, static_cast<int64_t>(p) * params.n + j));
     }

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,7 @@ class RequestRows {
 
   const tokenizer::Tokenizer* tokenizer_;
   int64_t eos_ = -1;
+  std::shared_ptr<const std::vector<std::string>> token_texts_;  // JSON mode's, made at its first request
   std::vector<Live> live_;                          // in arrival order
   std::map<int64_t, size_t> live_of_engine_request_;  // engine request -> index into live_
   int64_t open_rows_ = 0;

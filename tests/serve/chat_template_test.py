@@ -50,6 +50,42 @@ def transformers_prompt(directory, messages):
     return text, list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def scripted_gpt2(directory, scripts):
+    """A one-layer GPT-2 saved in `directory` whose greedy reply to a prompt of length P is
+    scripts[P] (token ids): its blocks are zeroed and the position embedding at P - 1 + i points at
+    the script's i-th token (30 times its embedding, so that token wins the tied head's argmax).
+    Returns the transformers model, to check the scripts with its generate."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=1, n_head=2,
+                        bos_token_id=50256, eos_token_id=50256)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for parameter in model.transformer.h.parameters():
+            parameter.zero_()
+        model.transformer.wte.weight.normal_()
+        model.transformer.wpe.weight.zero_()
+        for length, script in scripts.items():
+            for i, token in enumerate(script):
+                model.transformer.wpe.weight[length - 1 + i] = 30.0 * model.transformer.wte.weight[token]
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def greedy_ids(model, ids, max_new_tokens):
+    import torch
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=50256)
+    return out[0, len(ids):].tolist()
+
+
+def template_ids(tokenizer, messages, **kwargs):
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **kwargs)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 class ChatTemplateServeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -116,8 +152,7 @@ class ChatTemplateServeTest(unittest.TestCase):
         back as OpenAI's tool_calls, whole and streamed. The model is a one-layer GPT-2 whose blocks
         are zeroed and whose position embeddings point at a script's tokens, so its greedy reply at
         that prompt length is the script (checked with transformers' generate first)."""
-        import torch
-        from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+        from transformers import AutoTokenizer
         template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
         tools = [{"type": "function", "function": {
             "name": "get_weather", "description": "The weather in a city",
@@ -129,24 +164,10 @@ class ChatTemplateServeTest(unittest.TestCase):
         with tempfile.TemporaryDirectory(prefix="dschat-tools-serve-") as tmp:
             directory = tokenizer_dir(tmp, template)
             tokenizer = AutoTokenizer.from_pretrained(str(directory))
-            ids = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            ids = template_ids(tokenizer, messages, tools=tools)
             script = tokenizer(script_text)["input_ids"] + [50256]
-            torch.manual_seed(0)
-            config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=1, n_head=2,
-                                bos_token_id=50256, eos_token_id=50256)
-            model = GPT2LMHeadModel(config).eval()
-            with torch.no_grad():
-                for parameter in model.transformer.h.parameters():
-                    parameter.zero_()
-                model.transformer.wte.weight.normal_()
-                model.transformer.wpe.weight.zero_()
-                for i, token in enumerate(script):  # position P - 1 + i predicts script[i]
-                    model.transformer.wpe.weight[len(ids) - 1 + i] = 30.0 * model.transformer.wte.weight[token]
-                greedy = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        max_new_tokens=len(script) + 4, do_sample=False, pad_token_id=50256)
-            self.assertEqual(greedy[0, len(ids):].tolist(), script, "the scripted model does not follow its script")
-            model.save_pretrained(directory, safe_serialization=True)
+            model = scripted_gpt2(directory, {len(ids): script})
+            self.assertEqual(greedy_ids(model, ids, len(script) + 4), script, "the scripted model does not follow it")
             with ServedModels(models=[f"tools={directory}"], tokenizer=directory) as server:
                 client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
                 ask = dict(model="tools", messages=messages, tools=tools, max_tokens=len(script) + 4, temperature=0)
@@ -165,11 +186,8 @@ class ChatTemplateServeTest(unittest.TestCase):
             hf_turns[1] = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": call.id, "type": "function",
                  "function": {"name": call.function.name, "arguments": json.loads(call.function.arguments)}}]}
-            follow_up_ids = tokenizer.apply_chat_template(hf_turns, tools=tools, tokenize=True,
-                                                          add_generation_prompt=True)
-            follow_up_ids = list(follow_up_ids["input_ids"] if hasattr(follow_up_ids, "keys") else follow_up_ids)
-            no_tools_ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            no_tools_ids = list(no_tools_ids["input_ids"] if hasattr(no_tools_ids, "keys") else no_tools_ids)
+            follow_up_ids = template_ids(tokenizer, hf_turns, tools=tools)
+            no_tools_ids = template_ids(tokenizer, messages)
 
         self.assertEqual(answer.usage.prompt_tokens, len(ids))
         choice = answer.choices[0]
@@ -193,6 +211,50 @@ class ChatTemplateServeTest(unittest.TestCase):
         self.assertEqual(follow_up.usage.prompt_tokens, len(follow_up_ids))
         self.assertEqual(plain.usage.prompt_tokens, len(no_tools_ids))  # tool_choice "none": no tools offered
         self.assertIsNone(plain.choices[0].message.tool_calls)
+
+    def test_json_mode_keeps_the_reply_one_object(self):
+        """response_format json_object on a scripted model (scripted_gpt2) with two prompts: one
+        whose script is a JSON object (the reply is that object, untouched), one whose script
+        starts with prose (without JSON mode the reply is the prose; with it, an object starts)."""
+        from transformers import AutoTokenizer
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
+        ask_object = [{"role": "user", "content": "Weather as JSON."}]
+        ask_prose = [{"role": "user", "content": "The weather in Paris today, please, as a JSON object with the "
+                                                 "city and the temperature in degrees, and nothing else at all."}]
+        object_text = '{"city": "Paris", "temp": 21, "sky": ["clear", null]}'
+        prose_text = 'Sure! {"ok": true}'
+        with tempfile.TemporaryDirectory(prefix="dschat-json-serve-") as tmp:
+            directory = tokenizer_dir(tmp, template)
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            object_ids, prose_ids = template_ids(tokenizer, ask_object), template_ids(tokenizer, ask_prose)
+            object_script = tokenizer(object_text)["input_ids"] + [50256]
+            prose_script = tokenizer(prose_text)["input_ids"] + [50256]
+            self.assertGreater(len(prose_ids), len(object_ids) + len(object_script))  # the scripts do not overlap
+            model = scripted_gpt2(directory, {len(object_ids): object_script, len(prose_ids): prose_script})
+            self.assertEqual(greedy_ids(model, object_ids, 24), object_script)
+            self.assertEqual(greedy_ids(model, prose_ids, 24), prose_script)
+            with ServedModels(models=[f"json={directory}"], tokenizer=directory) as server:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+                json_mode = {"type": "json_object"}
+                ask = dict(model="json", max_tokens=24, temperature=0)
+                as_object = client.chat.completions.create(messages=ask_object, response_format=json_mode, **ask)
+                streamed = list(client.chat.completions.create(messages=ask_object, response_format=json_mode,
+                                                               stream=True, **ask))
+                free = client.chat.completions.create(messages=ask_prose, **ask)
+                constrained = client.chat.completions.create(messages=ask_prose, response_format=json_mode, **ask)
+                with self.assertRaises(openai.BadRequestError) as caught:
+                    client.chat.completions.create(messages=ask_object, response_format={
+                        "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}, **ask)
+        self.assertEqual(as_object.choices[0].message.content, object_text)
+        self.assertEqual(as_object.choices[0].finish_reason, "stop")
+        self.assertEqual(json.loads(as_object.choices[0].message.content)["city"], "Paris")
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in streamed if c.choices), object_text)
+        self.assertEqual(free.choices[0].message.content, prose_text)
+        text = constrained.choices[0].message.content
+        self.assertTrue(text.lstrip().startswith("{"), text)
+        if constrained.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(text), dict)
+        self.assertEqual(caught.exception.body["param"], "response_format")
 
     def test_deepspeed_flag_brings_back_human_assistant(self):
         from transformers import GPT2TokenizerFast

@@ -76,6 +76,7 @@
 #include "dschat/inference/generation_stats.h"
 #include "dschat/inference/kv_block_pool.h"
 #include "dschat/inference/prefix_cache.h"
+#include "dschat/inference/token_constraint.h"
 #include "dschat/inference/token_logprobs.h"
 #include "dschat/models/causal_lm.h"
 
@@ -120,6 +121,8 @@ struct SampleOptions {
   /// >= 0: every drawn token comes with its log-probability and the `logprobs` most likely tokens
   /// at its position (StepToken::logprobs; token_logprobs.h); -1: none.
   int64_t logprobs = -1;
+  /// Which tokens may come next (token_constraint.h), shared by the request's samples; none: any.
+  std::shared_ptr<const TokenConstraint> constraint;
 };
 
 /// One finished sequence.

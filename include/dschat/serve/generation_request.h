@@ -36,6 +36,7 @@ struct SamplingParams {
   std::vector<int64_t> stop_token_ids;  // ids that end an answer besides eos (a chat template's end of turn)
   int64_t logprobs = -1;     // >= 0: each token's log-prob and this many most likely ones; -1: none
   bool echo = false;         // completions: each choice starts with its prompt (and its log-probs)
+  bool json_object = false;  // response_format json_object: the answer is a JSON object (json_mode.h)
 
   bool greedy() const { return temperature == 0.0; }
 };
