@@ -1,0 +1,49 @@
+// JSON mode's token mask (serve/json_mode.h) per drawn token: JsonObjectConstraint::allowed over a
+// real vocabulary after replies that stop at different places of an object (its first token, in a
+// key, in a long string value, in a number, after a nested value), and the one-time reading of the
+// vocabulary's token texts. Prints one JSON line.
+//   dschat_json_mode_bench [--tokenizer assets/gpt2-bpe] [--iters 50] [--threads 2]
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <iostream>
+
+#include "dschat/tokenizer/tokenizer.h"
+#include "serve/json_mode.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"JSON mode: the token mask's cost per drawn token"};
+  std::string tokenizer_dir = std::string(DSCHAT_SOURCE_DIR) + "/assets/gpt2-bpe";
+  int64_t iters = 50, threads = 0;
+  app.add_option("--tokenizer", tokenizer_dir, "Tokenizer directory");
+  app.add_option("--iters", iters);
+  app.add_option("--threads", threads, "intra-op threads (0: torch's default)");
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  using Clock = std::chrono::steady_clock;
+  const auto tokenizer = dschat::tokenizer::Tokenizer::load(tokenizer_dir);
+  const auto texts_start = Clock::now();
+  auto texts = std::make_shared<const std::vector<std::string>>(dschat::serve::token_texts(tokenizer));
+  const double texts_ms = std::chrono::duration<double, std::milli>(Clock::now() - texts_start).count();
+  const dschat::serve::JsonObjectConstraint constraint(texts, {tokenizer.eos_token_id().value_or(0)});
+  const int64_t vocab = tokenizer.vocab_size();
+  const std::pair<const char*, std::string> replies[] = {
+      {"start", ""},
+      {"key", "{\"temperat"},
+      {"string", "{\"summary\": \"A long answer that goes on and on about the weather in Paris"},
+      {"number", "{\"city\": \"Paris\", \"temp\": 21.5"},
+      {"nested", "{\"a\": {\"b\": [1, 2, {\"c\": null}]}"},
+  };
+  std::cout << "{\"vocab\": " << vocab << ", \"threads\": " << torch::get_num_threads()
+            << ", \"token_texts_ms\": " << texts_ms;
+  for (const auto& [name, text] : replies) {
+    const std::vector<int64_t> generated = tokenizer.encode(text, /*add_special_tokens=*/false);
+    int64_t allowed = constraint.allowed(generated, vocab).sum().item<int64_t>();
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < iters; ++i) allowed = constraint.allowed(generated, vocab).sum().item<int64_t>();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / iters;
+    std::cout << ", \"" << name << "_ms\": " << ms << ", \"" << name << "_allowed\": " << allowed;
+  }
+  std::cout << "}" << std::endl;
+  return 0;
+}
