@@ -12,14 +12,19 @@ namespace {
 std::map<int64_t, double> read_logit_bias(JsonObject& object) {
   std::map<int64_t, double> bias;
   for (const std::string& key : object.unread_keys()) {
-    const bool digits = !key.empty() && key.size() <= 18 && key.find_first_not_of("0123456789") == std::string::npos;
-    DSCHAT_CHECK(digits, ConfigError, object.where(), ": key '", key, "' must be a token id (up to 18 digits)");
-    bias[std::stoll(key)] = object.require<double>(key);
+    const std::optional<int64_t> id = logit_bias_token_id(key);
+    DSCHAT_CHECK(id, ConfigError, object.where(), ": key '", key, "' must be a token id (up to 18 digits)");
+    bias[*id] = object.require<double>(key);
   }
   return bias;
 }
 
 }  // namespace
+
+std::optional<int64_t> logit_bias_token_id(const std::string& key) {
+  if (key.empty() || key.size() > 18 || key.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(key);
+}
 
 void validate_generation_config(const GenerationConfig& c, const std::string& where) {
   auto fail = [&](const char* key, const std::string& rule, const std::string& value) {

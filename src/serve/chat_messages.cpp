@@ -14,7 +14,7 @@ ApiError bad_message(const std::string& where, const std::string& rule) {
 
 bool present(const ordered& object, const char* key) { return object.contains(key) && !object[key].is_null(); }
 
-// A string, or text parts concatenated; absent or null gives nullopt-like "" with `null` set.
+// A string, or text parts concatenated; absent or null content gives "" and sets `null`.
 std::string text_content(const ordered& message, const std::string& where, bool& null) {
   null = !present(message, "content");
   if (null) return "";
@@ -78,15 +78,11 @@ void read_tools(const ordered& body, ApiRequest& request) {
   std::string choice = "auto";
   if (present(body, "tool_choice")) {
     const ordered& value = body["tool_choice"];
-    if (!value.is_string() || (value != "auto" && value != "none" && value != "required")) {
+    if (value != "auto" && value != "none") {  // "required" or a named function, or no choice at all
       throw bad_message("tool_choice", "must be \"auto\" or \"none\" (\"required\" and a named function need "
                                        "constrained decoding, which dschat serve does not do)");
     }
     choice = value.get<std::string>();
-    if (choice == "required") {
-      throw bad_message("tool_choice", "\"required\" needs constrained decoding, which dschat serve does not do; "
-                                       "use \"auto\"");
-    }
   }
   if (!present(body, "tools")) return;
   const ordered& tools = body["tools"];

@@ -1,13 +1,15 @@
 #include "serve/openai_protocol.h"
 
-#include "serve/chat_messages.h"
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
+
+#include "dschat/core/generation_config.h"
+#include "serve/chat_messages.h"
 
 namespace dschat {
 namespace serve {
@@ -72,7 +74,8 @@ int64_t integer(const json& body, const std::string& key, int64_t fallback, int6
   return x;
 }
 
-// Parameters whose effect is not implemented: refused unless at their no-op value.
+// Parameters dschat serve does not implement (best_of > 1, suffix) or no longer takes (the
+// deprecated functions): refused by name.
 void refuse_unsupported(const json& body) {
   const auto present = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
   const auto refuse = [](const std::string& key, const std::string& what) {
@@ -83,16 +86,22 @@ void refuse_unsupported(const json& body) {
   for (const char* key : {"functions", "function_call"}) {
     if (present(key)) refuse(key, "deprecated by OpenAI; use tools and tool_choice");
   }
-  if (present("response_format")) {
-    const json& format = body["response_format"];
-    const std::string type = format.is_object() ? format.value("type", "") : "";
-    if (type == "json_schema") {
-      refuse("response_format", "a json_schema needs schema-guided decoding; json_object works");
-    }
-    if (type != "text" && type != "json_object") {
-      refuse("response_format", "only {\"type\": \"text\"} and {\"type\": \"json_object\"}");
-    }
+}
+
+// response_format: text, or json_object (JSON mode, json_mode.h); a json_schema is refused.
+bool json_mode(const json& body) {
+  if (!body.contains("response_format") || body["response_format"].is_null()) return false;
+  const json& format = body["response_format"];
+  const std::string type = format.is_object() ? format.value("type", "") : "";
+  if (type == "json_schema") {
+    throw bad_value("response_format", "'response_format' json_schema is not supported by dschat serve (it needs "
+                                       "schema-guided decoding; json_object works)");
   }
+  if (type != "text" && type != "json_object") {
+    throw bad_value("response_format",
+                    "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+  }
+  return type == "json_object";
 }
 
 // {"50256": -100, ...}: OpenAI's token ids as strings, each bias in [-100, 100]. The ids are
@@ -106,15 +115,14 @@ std::map<int64_t, double> logit_bias(const json& body) {
   }
   for (const auto& item : object.items()) {
     const std::string& key = item.key();
-    if (key.empty() || key.size() > 18 || key.find_first_not_of("0123456789") != std::string::npos) {
-      throw bad_value("logit_bias", "'logit_bias' keys must be token ids (digits), got \"" + key + "\"");
-    }
+    const std::optional<int64_t> id = core::logit_bias_token_id(key);
+    if (!id) throw bad_value("logit_bias", "'logit_bias' keys must be token ids (digits), got \"" + key + "\"");
     const json& value = item.value();
     if (!value.is_number() || std::fabs(value.get<double>()) > 100.0) {
       throw bad_value("logit_bias",
                       "'logit_bias' values must be numbers in [-100, 100], got " + value.dump() + " for " + key);
     }
-    bias[std::stoll(key)] = value.get<double>();
+    bias[*id] = value.get<double>();
   }
   return bias;
 }
@@ -264,8 +272,7 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   params.presence_penalty = number(body, "presence_penalty", 0.0, -2.0, 2.0, false);
   params.repetition_penalty = number(body, "repetition_penalty", 1.0, 1.0, 2.0, false);
   params.logit_bias = logit_bias(body);
-  params.json_object = body.contains("response_format") && body["response_format"].is_object() &&
-                       body["response_format"].value("type", "") == "json_object";
+  params.json_object = json_mode(body);
   params.stop = stop_strings(body);
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw bad_value("seed", "'seed' must be an integer");

@@ -30,6 +30,10 @@ struct GenerationConfig {
   std::optional<int64_t> pad_token_id; // written after a row's EOS; defaults to EOS (or 0)
 };
 
+/// A logit_bias key as OpenAI writes it (the token id in decimal digits, at most 18) -> the id;
+/// nullopt for anything else.
+std::optional<int64_t> logit_bias_token_id(const std::string& key);
+
 /// Parses a JSON object with the fields above; unknown keys are errors that suggest the nearest
 /// key; values are range-checked. `where` (a file name) prefixes every message.
 GenerationConfig parse_generation_config(const std::string& json_text, const std::string& where);
