@@ -1,11 +1,14 @@
-// JSON mode's token mask (serve/json_mode.h) per drawn token: JsonObjectConstraint::allowed over a
-// real vocabulary after replies that stop at different places of an object (its first token, in a
-// key, in a long string value, in a number, after a nested value), and the one-time reading of the
+// Structured output's token mask (serve/json_mode.h) per drawn token: JsonConstraint::allowed over
+// a real vocabulary, on JSON mode's schema after replies that stop at different places of an object
+// (its first token, in a key, in a long string value, in a number, after a nested value) and on a
+// json_schema with declared keys, an enum and an anyOf (in a declared key, in an enum value, in a
+// string value, where the anyOf's branches are still open); and the one-time reading of the
 // vocabulary's token texts. Prints one JSON line.
 //   dschat_json_mode_bench [--tokenizer assets/gpt2-bpe] [--iters 50] [--threads 2]
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <tuple>
 #include <iostream>
 
 #include "dschat/tokenizer/tokenizer.h"
@@ -25,22 +28,33 @@ int main(int argc, char** argv) {
   const auto texts_start = Clock::now();
   auto texts = std::make_shared<const std::vector<std::string>>(dschat::serve::token_texts(tokenizer));
   const double texts_ms = std::chrono::duration<double, std::milli>(Clock::now() - texts_start).count();
-  const dschat::serve::JsonObjectConstraint constraint(texts, {tokenizer.eos_token_id().value_or(0)});
+  const std::vector<int64_t> end_ids = {tokenizer.eos_token_id().value_or(0)};
+  const dschat::serve::JsonConstraint json_mode(dschat::serve::json_object_schema(), texts, end_ids);
+  const auto schema = dschat::serve::compile_json_schema(nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit", "kelvin"]},
+        "when": {"anyOf": [{"type": "object", "properties": {"day": {"type": "integer"}}, "required": ["day"]},
+                           {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"]}]}},
+      "required": ["city", "unit", "when"], "additionalProperties": false})"), "schema");
+  const dschat::serve::JsonConstraint with_schema(schema, texts, end_ids);
   const int64_t vocab = tokenizer.vocab_size();
-  const std::pair<const char*, std::string> replies[] = {
-      {"start", ""},
-      {"key", "{\"temperat"},
-      {"string", "{\"summary\": \"A long answer that goes on and on about the weather in Paris"},
-      {"number", "{\"city\": \"Paris\", \"temp\": 21.5"},
-      {"nested", "{\"a\": {\"b\": [1, 2, {\"c\": null}]}"},
+  const std::tuple<const char*, const dschat::serve::JsonConstraint*, std::string> replies[] = {
+      {"start", &json_mode, ""},
+      {"key", &json_mode, "{\"temperat"},
+      {"string", &json_mode, "{\"summary\": \"A long answer that goes on and on about the weather in Paris"},
+      {"number", &json_mode, "{\"city\": \"Paris\", \"temp\": 21.5"},
+      {"nested", &json_mode, "{\"a\": {\"b\": [1, 2, {\"c\": null}]}"},
+      {"schema_key", &with_schema, "{\"ci"},
+      {"schema_enum", &with_schema, "{\"city\": \"Paris\", \"unit\": \"ce"},
+      {"schema_string", &with_schema, "{\"city\": \"A long city name that goes on and on"},
+      {"schema_any_of", &with_schema, "{\"city\": \"Paris\", \"unit\": \"kelvin\", \"when\": {\""},
   };
   std::cout << "{\"vocab\": " << vocab << ", \"threads\": " << torch::get_num_threads()
             << ", \"token_texts_ms\": " << texts_ms;
-  for (const auto& [name, text] : replies) {
+  for (const auto& [name, constraint, text] : replies) {
     const std::vector<int64_t> generated = tokenizer.encode(text, /*add_special_tokens=*/false);
-    int64_t allowed = constraint.allowed(generated, vocab).sum().item<int64_t>();
+    int64_t allowed = constraint->allowed(generated, vocab).sum().item<int64_t>();
     const auto start = Clock::now();
-    for (int64_t i = 0; i < iters; ++i) allowed = constraint.allowed(generated, vocab).sum().item<int64_t>();
+    for (int64_t i = 0; i < iters; ++i) allowed = constraint->allowed(generated, vocab).sum().item<int64_t>();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / iters;
     std::cout << ", \"" << name << "_ms\": " << ms << ", \"" << name << "_allowed\": " << allowed;
   }

@@ -6,7 +6,7 @@
 #                     cpp-httplib (`dschat serve`), chromium + chromium-driver (the chat page's browser test)
 #   .venv/          : torch==2.11.0 (its LibTorch is what CMake links), plus the Python
 #                     packages used only by tests and tools (transformers, safetensors, numpy;
-#                     openai, selenium and lm-eval for `dschat serve`'s tests)
+#                     openai, selenium, lm-eval and jsonschema for `dschat serve`'s tests)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${DSCHAT_VENV:-$root/.venv}"
@@ -32,8 +32,9 @@ fi
 # selenium 4.50 is the newest whose certifi pin the registry serves.
 # lm-eval (EleutherAI's harness, tests/serve/lm_eval_test.py) without its [api] extra, which would add
 # tiktoken: its API models need aiohttp, requests and tqdm (which its requirements bring) and tenacity.
+# jsonschema checks `dschat serve`'s schema-guided replies (tests/serve/chat_template_test.py).
 pins=(torch==2.11.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3 pyarrow==26.0.1
-      openai==3.57.0 selenium==4.50.0 lm-eval==0.4.13 tenacity==9.2.1)
+      openai==3.57.0 selenium==4.50.0 lm-eval==0.4.13 tenacity==9.2.1 jsonschema==4.26.0)
 stamp="$venv/.dschat-pins"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${pins[*]}" ]; then
   echo "setup: creating $venv with ${pins[*]}"

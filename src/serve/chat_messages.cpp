@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "serve/json_schema.h"
+
 namespace dschat {
 namespace serve {
 namespace {
@@ -74,17 +76,55 @@ ordered read_tool_calls(const ordered& calls, const std::string& where) {
   return out;
 }
 
-void read_tools(const ordered& body, ApiRequest& request) {
-  std::string choice = "auto";
-  if (present(body, "tool_choice")) {
-    const ordered& value = body["tool_choice"];
-    if (value != "auto" && value != "none") {  // "required" or a named function, or no choice at all
-      throw bad_message("tool_choice", "must be \"auto\" or \"none\" (\"required\" and a named function need "
-                                       "constrained decoding, which dschat serve does not do)");
+// tool_choice "required" or {"type": "function", "function": {"name"}}: the reply is forced into
+// JSON calls by a schema, vLLM's: a list of {"name", "parameters"} over the tools, or the named
+// function's parameters.
+void force_tool_calls(const ordered& tools, const ordered& choice, ApiRequest& request) {
+  const auto parameters = [](const ordered& function) {
+    return function.contains("parameters") ? function["parameters"]
+                                           : ordered{{"type", "object"}, {"properties", ordered::object()}};
+  };
+  if (choice.is_string()) {  // "required"
+    ordered branches = ordered::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ordered& function = tools[i]["function"];
+      // Each alone first, so that a schema error names the tool's own key path.
+      compile_json_schema(parameters(function), "tools[" + std::to_string(i) + "].function.parameters");
+      const ordered properties = {{"name", {{"const", function["name"]}}}, {"parameters", parameters(function)}};
+      branches.push_back({{"type", "object"}, {"properties", properties}, {"required", {"name", "parameters"}}});
     }
-    choice = value.get<std::string>();
+    const ordered schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", branches}}}};
+    request.params.json_schema = compile_json_schema(schema, "tools");
+    request.tool_calls = ToolCallMode{ToolCallMode::Kind::kRequired, ""};
+    return;
   }
-  if (!present(body, "tools")) return;
+  const std::string name = choice["function"]["name"].get<std::string>();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered& function = tools[i]["function"];
+    if (function["name"] != name) continue;
+    request.params.json_schema =
+        compile_json_schema(parameters(function), "tools[" + std::to_string(i) + "].function.parameters");
+    request.tool_calls = ToolCallMode{ToolCallMode::Kind::kNamed, name};
+    return;
+  }
+  throw bad_message("tool_choice.function.name", "names '" + name + "', which is not one of the tools");
+}
+
+void read_tools(const ordered& body, ApiRequest& request) {
+  ordered choice = "auto";
+  if (present(body, "tool_choice")) {
+    choice = body["tool_choice"];
+    const bool named = choice.is_object() && choice.value("type", "") == "function" && choice.contains("function") &&
+                       choice["function"].is_object() && function_name(choice["function"].value("name", ordered()));
+    if (choice != "auto" && choice != "none" && choice != "required" && !named) {
+      throw bad_message("tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                                       "\"function\": {\"name\": ...}}");
+    }
+  }
+  if (!present(body, "tools")) {
+    if (choice != "auto" && choice != "none") throw bad_message("tool_choice", "forces a call, but no tools are given");
+    return;
+  }
   const ordered& tools = body["tools"];
   if (!tools.is_array()) throw bad_message("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}");
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -107,7 +147,19 @@ void read_tools(const ordered& body, ApiRequest& request) {
     }
   }
   // "none": the model is not shown the tools, so it answers in text (and nothing is parsed).
-  if (choice == "auto" && !tools.empty()) request.tools = tools;
+  if (choice == "none" || tools.empty()) {
+    if (choice != "auto" && choice != "none") throw bad_message("tool_choice", "forces a call, but no tools are given");
+    return;
+  }
+  request.tools = tools;
+  if (choice == "auto") {
+    request.tool_calls = ToolCallMode{};
+    return;
+  }
+  if (request.params.json_schema) {
+    throw bad_message("tool_choice", "forces a call, which cannot be combined with response_format's JSON");
+  }
+  force_tool_calls(tools, choice, request);
 }
 
 }  // namespace

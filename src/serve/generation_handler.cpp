@@ -25,15 +25,21 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
   std::vector<std::vector<int64_t>> prompts = api.prompt_ids;
   const char* param = api.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (api.endpoint == Endpoint::kChat) {
-    if (!api.tools.is_null() && slot.chat_template.tool_call_format.empty()) {
+    const bool auto_calls = api.tool_calls && api.tool_calls->kind == ToolCallMode::Kind::kHermes;
+    if (auto_calls && slot.chat_template.tool_call_format.empty()) {
       throw ApiError(400, "model '" + api.model + "' has no tool calling: its chat template (" +
                               slot.chat_template.source + ") does not offer tools as Hermes-style <tool_call> "
-                              "blocks (Qwen2.5, Qwen3, Hermes templates do; --chat-template FILE.jinja sets one)",
+                              "blocks (Qwen2.5, Qwen3, Hermes templates do; --chat-template FILE.jinja sets one; "
+                              "tool_choice \"required\" or a named function works with any model)",
                      "tools");
     }
+    // A forced call is shaped by its schema whatever the template; a Jinja template still sees the
+    // tools (those that ignore them, and DeepSpeed-Chat's role patterns, are rendered without).
+    const bool show_tools = auto_calls || slot.chat_template.jinja != nullptr;
     std::string text;
     try {
-      text = slot.chat_template.render(api.messages, /*add_generation_prompt=*/true, api.tools);
+      text = slot.chat_template.render(api.messages, /*add_generation_prompt=*/true,
+                                       show_tools ? api.tools : nlohmann::ordered_json());
     } catch (const core::InvalidArgument& e) {  // an unknown role, or the template refused the conversation
       throw ApiError(400, e.what(), "messages");
     } catch (const core::Unsupported& e) {  // the template needs what dschat's Jinja subset lacks
@@ -113,14 +119,14 @@ void answer_whole(Server::State& state, const ModelSlot& slot, const httplib::Re
       choices[i].logprobs = ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint).next(scored[i]);
     }
   }
-  if (!api.tools.is_null()) {
+  if (api.tool_calls) {
     for (auto& choice : choices) {
-      ParsedReply reply = parse_hermes_tool_calls(choice.text);
+      ParsedReply reply = parse_tool_calls(choice.text, *api.tool_calls);
       if (reply.tool_calls.empty()) continue;
       choice.content_null = reply.content.is_null();
       choice.text = choice.content_null ? "" : reply.content.get<std::string>();
       choice.tool_calls = json(reply.tool_calls);
-      choice.finish_reason = "tool_calls";
+      choice.finish_reason = tool_finish_reason(*api.tool_calls, true, choice.finish_reason);
     }
   }
   const json body = full_response(api.endpoint, new_response_id(api.endpoint), unix_now(), api.model, choices,
@@ -144,7 +150,7 @@ struct StreamState {
 // A chat choice's event when the request offered tools: content goes out through the choice's
 // ToolCallStream (up to a <tool_call>), and at the choice's end the rest of its content, its calls
 // (each with its index, whole: OpenAI's clients join a call's pieces, and one piece is a valid
-// split) and the finish reason, "tool_calls" when it made any.
+// split) and the finish reason (tool_finish_reason).
 template <typename Write>
 bool write_with_tool_calls(StreamState& stream, const ChoiceEvent& event, json logprobs, const Write& write) {
   const auto chunk = [&](const std::string& text, const std::string& reason, const json& calls) {
@@ -169,7 +175,8 @@ bool write_with_tool_calls(StreamState& stream, const ChoiceEvent& event, json l
     call["index"] = i;
     indexed.push_back(std::move(call));
   }
-  return write(chunk("", "", indexed)) && write(chunk("", "tool_calls", nullptr));
+  return write(chunk("", "", indexed)) &&
+         write(chunk("", tool_finish_reason(calls.mode(), true, event.finish_reason), nullptr));
 }
 
 void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib::Request& http,
@@ -186,7 +193,7 @@ void answer_streamed(Server::State& state, const ModelSlot& slot, const httplib:
   if (api.params.logprobs >= 0) {
     stream->logprobs.assign(static_cast<size_t>(request->rows()), ChoiceLogprobs(slot.scheduler->tokenizer(), api.endpoint));
   }
-  if (!api.tools.is_null()) stream->tool_calls.resize(static_cast<size_t>(request->rows()));
+  if (api.tool_calls) stream->tool_calls.assign(static_cast<size_t>(request->rows()), ToolCallStream(*api.tool_calls));
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");  // proxies: pass events on as they come
   const Server::State* server = &state;

@@ -10,6 +10,7 @@
 
 #include "dschat/core/generation_config.h"
 #include "serve/chat_messages.h"
+#include "serve/json_mode.h"
 
 namespace dschat {
 namespace serve {
@@ -88,20 +89,29 @@ void refuse_unsupported(const json& body) {
   }
 }
 
-// response_format: text, or json_object (JSON mode, json_mode.h); a json_schema is refused.
-bool json_mode(const json& body) {
-  if (!body.contains("response_format") || body["response_format"].is_null()) return false;
-  const json& format = body["response_format"];
+// response_format: text, json_object (JSON mode) or json_schema {"name", "schema", "strict"}
+// (the schema always holds, strict or not); json_mode.h. `body`: in the client's key order, which
+// is the order the schema's properties are written in.
+std::shared_ptr<const JsonSchema> response_schema(const nlohmann::ordered_json& body) {
+  if (!body.contains("response_format") || body["response_format"].is_null()) return nullptr;
+  const nlohmann::ordered_json& format = body["response_format"];
   const std::string type = format.is_object() ? format.value("type", "") : "";
+  if (type == "json_object") return json_object_schema();
   if (type == "json_schema") {
-    throw bad_value("response_format", "'response_format' json_schema is not supported by dschat serve (it needs "
-                                       "schema-guided decoding; json_object works)");
+    const bool given = format.contains("json_schema") && format["json_schema"].is_object() &&
+                       format["json_schema"].contains("schema");
+    if (!given) {
+      throw bad_value("response_format.json_schema.schema",
+                      "'response_format' json_schema must be {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+                      "..., \"schema\": {...}}}");
+    }
+    return compile_json_schema(format["json_schema"]["schema"], "response_format.json_schema.schema");
   }
-  if (type != "text" && type != "json_object") {
-    throw bad_value("response_format",
-                    "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+  if (type != "text") {
+    throw bad_value("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                                       "or {\"type\": \"json_schema\", \"json_schema\": {...}}");
   }
-  return type == "json_object";
+  return nullptr;
 }
 
 // {"50256": -100, ...}: OpenAI's token ids as strings, each bias in [-100, 100]. The ids are
@@ -250,9 +260,12 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   request.endpoint = endpoint;
   if (!body.contains("model") || !body["model"].is_string()) throw bad_value("model", "'model' is required (a string)");
   request.model = body["model"].get<std::string>();
+  // Parsed again with the client's key order: tools and call arguments reach the template as sent,
+  // a schema's properties come in the order written.
+  const nlohmann::ordered_json ordered_body = nlohmann::ordered_json::parse(text);
+  request.params.json_schema = response_schema(ordered_body);
   if (endpoint == Endpoint::kChat) {
-    // Parsed again with the client's key order: tools and call arguments reach the template as sent.
-    read_chat_messages(nlohmann::ordered_json::parse(text), request);
+    read_chat_messages(ordered_body, request);
   } else {
     read_prompt(body, request);
   }
@@ -272,7 +285,6 @@ ApiRequest parse_api_request(const std::string& text, Endpoint endpoint, int64_t
   params.presence_penalty = number(body, "presence_penalty", 0.0, -2.0, 2.0, false);
   params.repetition_penalty = number(body, "repetition_penalty", 1.0, 1.0, 2.0, false);
   params.logit_bias = logit_bias(body);
-  params.json_object = json_mode(body);
   params.stop = stop_strings(body);
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw bad_value("seed", "'seed' must be an integer");

@@ -5,12 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dschat/serve/chat_template.h"
 #include "dschat/serve/generation_request.h"
+#include "serve/tool_call_parser.h"
 
 namespace dschat {
 namespace serve {
@@ -39,7 +41,8 @@ struct ApiRequest {
   std::vector<std::string> prompts;                 // completions: text prompts
   std::vector<std::vector<int64_t>> prompt_ids;     // completions: prompts given as token ids
   std::vector<ChatMessage> messages;                // chat
-  nlohmann::ordered_json tools = nullptr;           // chat: the functions offered (tool_choice "auto"); null: none
+  nlohmann::ordered_json tools = nullptr;           // chat: the functions shown to the model; null: none
+  std::optional<ToolCallMode> tool_calls;           // chat: how the replies carry calls; none: no tools
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

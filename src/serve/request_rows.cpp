@@ -46,11 +46,11 @@ bool RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
   config.num_return_sequences = params.n;
   const uint64_t seed = params.seed.value_or(fresh_seed());
   std::shared_ptr<const inference::TokenConstraint> constraint;
-  if (params.json_object) {
+  if (params.json_schema) {
     if (!token_texts_) token_texts_ = std::make_shared<const std::vector<std::string>>(token_texts(*tokenizer_));
     std::vector<int64_t> end_ids = params.stop_token_ids;
     if (eos_ >= 0) end_ids.push_back(eos_);
-    constraint = std::make_shared<JsonObjectConstraint>(token_texts_, std::move(end_ids));
+    constraint = std::make_shared<JsonConstraint>(params.json_schema, token_texts_, std::move(end_ids));
   }
   Live live{request, {}, 0};
   std::vector<int64_t> engine_requests;

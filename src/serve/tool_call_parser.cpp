@@ -21,17 +21,40 @@ std::string new_call_id() {
   return id;
 }
 
-// One block's text -> an OpenAI call; false when it is not {"name": string, "arguments": ...}.
-bool read_call(const std::string& block, nlohmann::ordered_json& call) {
-  const nlohmann::ordered_json object = nlohmann::ordered_json::parse(block, nullptr, /*allow_exceptions=*/false);
-  if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
-  const nlohmann::ordered_json arguments = object.value("arguments", nlohmann::ordered_json::object());
+nlohmann::ordered_json openai_call(const std::string& name, const nlohmann::ordered_json& arguments) {
   // Arguments are JSON text on the wire; a model that already wrote them as text keeps its text.
   const std::string text = arguments.is_string() ? arguments.get<std::string>() : arguments.dump();
-  call = {{"id", new_call_id()},
-          {"type", "function"},
-          {"function", {{"name", object["name"].get<std::string>()}, {"arguments", text}}}};
+  return {{"id", new_call_id()}, {"type", "function"}, {"function", {{"name", name}, {"arguments", text}}}};
+}
+
+// One call object -> an OpenAI call; false when it is not {"name": string, `arguments`: ...}.
+bool read_call(const nlohmann::ordered_json& object, const char* arguments, nlohmann::ordered_json& call) {
+  if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
+  call = openai_call(object["name"].get<std::string>(), object.value(arguments, nlohmann::ordered_json::object()));
   return true;
+}
+
+bool read_call(const std::string& block, nlohmann::ordered_json& call) {
+  return read_call(nlohmann::ordered_json::parse(block, nullptr, /*allow_exceptions=*/false), "arguments", call);
+}
+
+// A forced reply: the named function's arguments, or (required) a list of {"name", "parameters"}.
+ParsedReply parse_forced_tool_calls(const std::string& text, const ToolCallMode& mode) {
+  const auto value = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ParsedReply reply;
+  if (mode.kind == ToolCallMode::Kind::kNamed && !value.is_discarded()) {
+    reply.tool_calls.push_back(openai_call(mode.function, value));
+    return reply;
+  }
+  if (value.is_array() && !value.empty()) {
+    for (const auto& item : value) {
+      nlohmann::ordered_json call;
+      if (!read_call(item, "parameters", call)) return ParsedReply{text, nlohmann::ordered_json::array()};
+      reply.tool_calls.push_back(std::move(call));
+    }
+    return reply;
+  }
+  return ParsedReply{text, nlohmann::ordered_json::array()};  // cut short: no calls, all content
 }
 
 }  // namespace
@@ -58,6 +81,14 @@ ParsedReply parse_hermes_tool_calls(const std::string& text) {
   return reply;
 }
 
+ParsedReply parse_tool_calls(const std::string& text, const ToolCallMode& mode) {
+  return mode.kind == ToolCallMode::Kind::kHermes ? parse_hermes_tool_calls(text) : parse_forced_tool_calls(text, mode);
+}
+
+std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std::string& generation_reason) {
+  return called && mode.kind != ToolCallMode::Kind::kNamed ? "tool_calls" : generation_reason;
+}
+
 std::string ToolCallStream::push(const std::string& piece) {
   text_ += piece;
   if (in_call_) return "";
@@ -82,7 +113,8 @@ std::string ToolCallStream::push(const std::string& piece) {
 }
 
 ParsedReply ToolCallStream::finish() {
-  ParsedReply reply = parse_hermes_tool_calls(text_);
+  ParsedReply reply = parse_tool_calls(text_, mode_);
+  if (mode_.kind != ToolCallMode::Kind::kHermes) return reply;  // nothing was sent before
   if (reply.tool_calls.empty()) {
     reply.content = text_.substr(sent_);  // no calls: what was held back is content
   } else {

@@ -24,18 +24,40 @@ struct ParsedReply {
 
 ParsedReply parse_hermes_tool_calls(const std::string& text);
 
+/// How a reply carries its calls. kHermes (tool_choice "auto"): <tool_call> blocks in free text,
+/// as above. A forced tool_choice makes the whole reply JSON through schema-guided decoding
+/// (json_schema.h), as vLLM does: kRequired ("required") a list of {"name", "parameters"}, kNamed
+/// (a named function) that function's arguments.
+struct ToolCallMode {
+  enum class Kind { kHermes, kRequired, kNamed };
+  Kind kind = Kind::kHermes;
+  std::string function;  // kNamed
+};
+
+/// The calls of a whole reply. A forced reply that is not whole JSON (it hit max_tokens) makes no
+/// calls and is all content.
+ParsedReply parse_tool_calls(const std::string& text, const ToolCallMode& mode);
+
+/// The finish reason OpenAI gives: "tool_calls" once a call was made, but a named function's
+/// forced call keeps the generation's own reason ("stop"), as OpenAI and vLLM answer.
+std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std::string& generation_reason);
+
 /// The same for a streamed reply: content goes out as it comes, up to where a <tool_call> may
 /// begin (a piece that could be the start of the tag is held back until it is not); from the tag
-/// on, the text is kept and parsed once the reply ends.
+/// on, the text is kept and parsed once the reply ends. A forced reply is held back whole.
 class ToolCallStream {
  public:
+  explicit ToolCallStream(ToolCallMode mode = {})
+      : mode_(std::move(mode)), in_call_(mode_.kind != ToolCallMode::Kind::kHermes) {}
   /// The content of `piece` (and of earlier held-back text) that can go out now.
   std::string push(const std::string& piece);
   /// At the reply's end: the content not yet sent (the held-back text, or all of it from the tag
   /// on when the blocks are no calls) and the calls.
   ParsedReply finish();
+  const ToolCallMode& mode() const { return mode_; }
 
  private:
+  ToolCallMode mode_;
   std::string text_;     // the whole reply so far
   size_t sent_ = 0;      // characters of text_ already returned as content
   bool in_call_ = false;  // the tag was seen: nothing more goes out before finish()

@@ -73,6 +73,22 @@ def scripted_gpt2(directory, scripts):
     return model
 
 
+def two_scripted_prompts(directory, asks, texts, tools=None):
+    """A scripted_gpt2 in `directory` (a tokenizer_dir) that answers each of two conversations
+    `asks` with the matching text of `texts` (then eos), checked with transformers' generate.
+    Returns each conversation's prompt ids (the template's, with `tools` if given)."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    extra = {"tools": tools} if tools else {}
+    ids = [template_ids(tokenizer, ask, **extra) for ask in asks]
+    scripts = [tokenizer(text)["input_ids"] + [50256] for text in texts]
+    assert len(ids[1]) > len(ids[0]) + len(scripts[0]), "the scripts would overlap"
+    model = scripted_gpt2(directory, {len(ids[0]): scripts[0], len(ids[1]): scripts[1]})
+    for prompt, script in zip(ids, scripts):
+        assert greedy_ids(model, prompt, len(script) + 8) == script, "the scripted model does not follow its script"
+    return ids
+
+
 def greedy_ids(model, ids, max_new_tokens):
     import torch
     with torch.no_grad():
@@ -216,7 +232,6 @@ class ChatTemplateServeTest(unittest.TestCase):
         """response_format json_object on a scripted model (scripted_gpt2) with two prompts: one
         whose script is a JSON object (the reply is that object, untouched), one whose script
         starts with prose (without JSON mode the reply is the prose; with it, an object starts)."""
-        from transformers import AutoTokenizer
         template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
         ask_object = [{"role": "user", "content": "Weather as JSON."}]
         ask_prose = [{"role": "user", "content": "The weather in Paris today, please, as a JSON object with the "
@@ -225,14 +240,7 @@ class ChatTemplateServeTest(unittest.TestCase):
         prose_text = 'Sure! {"ok": true}'
         with tempfile.TemporaryDirectory(prefix="dschat-json-serve-") as tmp:
             directory = tokenizer_dir(tmp, template)
-            tokenizer = AutoTokenizer.from_pretrained(str(directory))
-            object_ids, prose_ids = template_ids(tokenizer, ask_object), template_ids(tokenizer, ask_prose)
-            object_script = tokenizer(object_text)["input_ids"] + [50256]
-            prose_script = tokenizer(prose_text)["input_ids"] + [50256]
-            self.assertGreater(len(prose_ids), len(object_ids) + len(object_script))  # the scripts do not overlap
-            model = scripted_gpt2(directory, {len(object_ids): object_script, len(prose_ids): prose_script})
-            self.assertEqual(greedy_ids(model, object_ids, 24), object_script)
-            self.assertEqual(greedy_ids(model, prose_ids, 24), prose_script)
+            two_scripted_prompts(directory, [ask_object, ask_prose], [object_text, prose_text])
             with ServedModels(models=[f"json={directory}"], tokenizer=directory) as server:
                 client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
                 json_mode = {"type": "json_object"}
@@ -244,7 +252,9 @@ class ChatTemplateServeTest(unittest.TestCase):
                 constrained = client.chat.completions.create(messages=ask_prose, response_format=json_mode, **ask)
                 with self.assertRaises(openai.BadRequestError) as caught:
                     client.chat.completions.create(messages=ask_object, response_format={
-                        "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}, **ask)
+                        "type": "json_schema", "json_schema": {"name": "w", "schema": {
+                            "type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]+$"}}}}},
+                        **ask)
         self.assertEqual(as_object.choices[0].message.content, object_text)
         self.assertEqual(as_object.choices[0].finish_reason, "stop")
         self.assertEqual(json.loads(as_object.choices[0].message.content)["city"], "Paris")
@@ -254,7 +264,100 @@ class ChatTemplateServeTest(unittest.TestCase):
         self.assertTrue(text.lstrip().startswith("{"), text)
         if constrained.choices[0].finish_reason == "stop":
             self.assertIsInstance(json.loads(text), dict)
-        self.assertEqual(caught.exception.body["param"], "response_format")
+        self.assertEqual(caught.exception.body["param"], "response_format.json_schema.schema.properties.zip.pattern")
+
+    def test_json_schema_replies_validate_with_jsonschema(self):
+        """response_format json_schema and tool_choice "required" on the bundled random tiny OPT,
+        sampled: every reply that ends by itself ("stop") is JSON that the `jsonschema` package
+        validates against the request's schema (keys in the schema's order), every forced call's
+        arguments validate against its tool's parameters, and the same requests without the schema
+        are not JSON at all (the constraint did the work)."""
+        import jsonschema
+        schema = {"type": "object", "properties": {
+            "color": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"}, "ok": {"type": "boolean"},
+            "sizes": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+            "note": {"type": ["null", "boolean"]}},
+            "required": ["color", "count", "ok"], "additionalProperties": False}
+        tools = [{"type": "function", "function": {"name": "set_light", "parameters": {
+                     "type": "object", "properties": {"on": {"type": "boolean"}, "level": {"enum": [1, 2, 3]}},
+                     "required": ["on"]}}},
+                 {"type": "function", "function": {"name": "reset"}}]
+        response_format = {"type": "json_schema", "json_schema": {"name": "light", "strict": True, "schema": schema}}
+        ask = dict(model="tiny", messages=MESSAGES, max_tokens=96, temperature=1.0, n=8)
+        with ServedModels(models=[f"tiny={TINY_MODEL}"]) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+            shaped = [c for seed in (1, 2) for c in client.chat.completions.create(
+                response_format=response_format, seed=seed, **ask).choices]
+            free = client.chat.completions.create(seed=1, **ask).choices
+            forced = [c for seed in (1, 2) for c in client.chat.completions.create(
+                tools=tools, tool_choice="required", seed=seed, **ask).choices]
+        stopped = [c for c in shaped if c.finish_reason == "stop"]
+        self.assertGreaterEqual(len(stopped), 4, [c.message.content for c in shaped])
+        for choice in stopped:
+            value = json.loads(choice.message.content)
+            jsonschema.validate(value, schema)
+            order = list(schema["properties"])
+            self.assertEqual(list(value), sorted(value, key=order.index), choice.message.content)
+        for choice in shaped:  # cut short by max_tokens: still the start of an object
+            self.assertTrue(choice.message.content.lstrip().startswith("{"), choice.message.content)
+        for choice in free:
+            with self.assertRaises(ValueError):
+                json.loads(choice.message.content)
+        called = [c for c in forced if c.finish_reason == "tool_calls"]
+        self.assertGreaterEqual(len(called), 4, [c.message.content for c in forced])
+        parameters = {"set_light": tools[0]["function"]["parameters"], "reset": {"type": "object", "properties": {},
+                                                                                 "additionalProperties": False}}
+        for choice in called:
+            self.assertIsNone(choice.message.content)
+            self.assertTrue(choice.message.tool_calls)
+            for call in choice.message.tool_calls:
+                self.assertTrue(call.id.startswith("call_"), call.id)
+                jsonschema.validate(json.loads(call.function.arguments), parameters[call.function.name])
+        for choice in forced:
+            if choice.finish_reason == "length":
+                self.assertIsNone(choice.message.tool_calls)
+                self.assertTrue(choice.message.content.lstrip().startswith("["), choice.message.content)
+
+    def test_named_and_required_tool_choice_from_a_scripted_model(self):
+        """A named tool_choice and "required" with Qwen2.5's template (the tools are in the prompt,
+        as transformers renders them): a scripted model (scripted_gpt2) whose reply is the call's
+        JSON comes back as tool_calls, whole and streamed; a named call finishes with "stop" (as
+        OpenAI answers), "required" with "tool_calls"."""
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                  "required": ["city"]}}}]
+        ask_named = [{"role": "user", "content": "Weather in Paris?"}]
+        ask_required = [{"role": "user", "content": "What is the weather like in Paris today, in degrees, please?"}]
+        named_text = '{"city": "Paris"}'
+        required_text = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
+        with tempfile.TemporaryDirectory(prefix="dschat-forced-tools-") as tmp:
+            directory = tokenizer_dir(tmp, template)
+            named_ids, required_ids = two_scripted_prompts(directory, [ask_named, ask_required],
+                                                           [named_text, required_text], tools=tools)
+            with ServedModels(models=[f"tools={directory}"], tokenizer=directory) as server:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+                ask = dict(model="tools", tools=tools, max_tokens=32, temperature=0)
+                choice = {"type": "function", "function": {"name": "get_weather"}}
+                named = client.chat.completions.create(messages=ask_named, tool_choice=choice, **ask)
+                named_chunks = list(client.chat.completions.create(messages=ask_named, tool_choice=choice,
+                                                                   stream=True, **ask))
+                required = client.chat.completions.create(messages=ask_required, tool_choice="required", **ask)
+        self.assertEqual(named.usage.prompt_tokens, len(named_ids))
+        self.assertEqual(required.usage.prompt_tokens, len(required_ids))
+        for answer, reason in ((named, "stop"), (required, "tool_calls")):
+            message = answer.choices[0].message
+            self.assertEqual(answer.choices[0].finish_reason, reason)
+            self.assertIsNone(message.content)
+            self.assertEqual(len(message.tool_calls), 1)
+            self.assertEqual(message.tool_calls[0].function.name, "get_weather")
+            self.assertEqual(json.loads(message.tool_calls[0].function.arguments), {"city": "Paris"})
+        streamed_calls = [tc for c in named_chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        self.assertEqual([(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in streamed_calls],
+                         [(0, "get_weather", {"city": "Paris"})])
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in named_chunks if c.choices), "")
+        self.assertEqual([c.choices[0].finish_reason for c in named_chunks if c.choices and c.choices[0].finish_reason],
+                         ["stop"])
 
     def test_deepspeed_flag_brings_back_human_assistant(self):
         from transformers import GPT2TokenizerFast

@@ -1,29 +1,25 @@
-// JSON mode (serve/json_mode.h): the byte machine accepts a text exactly when nlohmann's RFC 8259
-// parser does and it is one object (random objects, then the same with one byte changed), every
-// prefix of a valid object on the way; and the token constraint built on it.
+// JSON mode (serve/json_mode.h): the byte machine (json_machine.h) on JSON mode's schema accepts a
+// text exactly when nlohmann's RFC 8259 parser does and it is one object (random objects, then
+// the same with one byte changed), every prefix of a valid object on the way; and the token
+// constraint built on it.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <random>
 
+#include "serve/json_machine.h"
 #include "serve/json_mode.h"
+#include "json_text_mutation.h"
 
 namespace dschat {
 namespace serve {
 namespace {
 
-bool valid_utf8(const std::string& text) {
-  try {
-    (void)nlohmann::json(text).dump();  // throws type_error 316 on bytes that are not UTF-8
-    return true;
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-}
+JsonMachine object_machine() { return JsonMachine(*json_object_schema()); }
 
 bool machine_accepts(const std::string& text) {
-  JsonObjectMachine machine;
+  JsonMachine machine = object_machine();
   return machine.feed(text) && machine.complete();
 }
 
@@ -63,7 +59,7 @@ std::string random_object(std::mt19937& random, int depth) {
   return object + "}";
 }
 
-TEST(JsonObjectMachine, AcceptsExactlyWhatAnRfc8259ParserAcceptsAsOneObject) {
+TEST(JsonModeMachine, AcceptsExactlyWhatAnRfc8259ParserAcceptsAsOneObject) {
   std::mt19937 random(11);
   const std::string alphabet = "{}[]\",:0123456789.-+eEtrufalsn\\ u";
   int valid = 0, mutated_valid = 0, mutated_invalid = 0;
@@ -72,21 +68,14 @@ TEST(JsonObjectMachine, AcceptsExactlyWhatAnRfc8259ParserAcceptsAsOneObject) {
     ASSERT_TRUE(nlohmann::json::accept(text)) << text;
     ASSERT_TRUE(machine_accepts(text)) << text;
     ++valid;
-    JsonObjectMachine machine;  // every proper prefix goes in, and none is complete
+    JsonMachine machine = object_machine();  // every proper prefix goes in, and none is complete
     for (size_t i = 0; i + 1 < text.size(); ++i) {
       ASSERT_TRUE(machine.feed(text[i])) << text << " at " << i;
       ASSERT_FALSE(machine.complete()) << text << " at " << i;
     }
     // One byte replaced, inserted or deleted: both must agree (the machine takes no trailing
     // blanks, since the reply ends with its object, so texts ending in one are not compared).
-    std::string mutated = text;
-    const size_t at = random() % mutated.size();
-    const char c = alphabet[random() % alphabet.size()];
-    switch (random() % 3) {
-      case 0: mutated[at] = c; break;
-      case 1: mutated.insert(mutated.begin() + static_cast<std::ptrdiff_t>(at), c); break;
-      default: mutated.erase(at, 1);
-    }
+    const std::string mutated = one_byte_changed(text, alphabet, random);
     if (mutated.empty() || mutated.find_last_not_of(" \t\r\n") != mutated.size() - 1) continue;
     // Nor a change that split a UTF-8 character: the machine does not check UTF-8 (a byte-level
     // token's text may hold part of one), the parser does.
@@ -107,25 +96,25 @@ TEST(JsonObjectMachine, AcceptsExactlyWhatAnRfc8259ParserAcceptsAsOneObject) {
   EXPECT_GT(mutated_invalid, 1000);
 }
 
-TEST(JsonObjectMachine, RefusesWhatIsNotAnObjectOrRunsOn) {
+TEST(JsonModeMachine, RefusesWhatIsNotAnObjectOrRunsOn) {
   for (const std::string text : {"[1]", "\"x\"", "1", "{\"a\" 1}", "{a: 1}", "{\"a\": 01}", "{\"a\": 1.}",
                                  "{\"a\": tru}", "{\"a\": \"x\ny\"}", "{\"a\": 1,}", "{} ", "{}}", "{\"a\": -}",
                                  "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": [1 2]}"}) {
     EXPECT_FALSE(machine_accepts(text)) << text;
   }
-  JsonObjectMachine blanks;
-  EXPECT_TRUE(blanks.feed("{" + std::string(JsonObjectMachine::kMaxWhitespace, ' ')));
+  JsonMachine blanks = object_machine();
+  EXPECT_TRUE(blanks.feed("{" + std::string(JsonMachine::kMaxWhitespace, ' ')));
   EXPECT_FALSE(blanks.feed(' ')) << "a run of blanks is bounded";
-  JsonObjectMachine deep;
-  EXPECT_TRUE(deep.feed("{\"a\":" + std::string(JsonObjectMachine::kMaxDepth - 1, '[')));
+  JsonMachine deep = object_machine();
+  EXPECT_TRUE(deep.feed("{\"a\":" + std::string(JsonMachine::kMaxDepth - 1, '[')));
   EXPECT_FALSE(deep.feed('[')) << "nesting is bounded";
 }
 
-TEST(JsonObjectConstraint, LetsThroughTokensThatKeepAnObjectAndEndsOnlyWhenClosed) {
+TEST(JsonModeConstraint, LetsThroughTokensThatKeepAnObjectAndEndsOnlyWhenClosed) {
   // A vocabulary of pieces; id 9 is special (empty text), id 10 the end token.
   auto texts = std::make_shared<const std::vector<std::string>>(std::vector<std::string>{
       "{", "}", "\"", "a", ":", " 1", "{\"", "\"}", "Sure", "", ""});
-  const JsonObjectConstraint constraint(texts, {10});
+  const JsonConstraint constraint(json_object_schema(), texts, {10});
   const auto allowed = [&](const std::vector<int64_t>& generated) {
     const torch::Tensor mask = constraint.allowed(generated, 12);  // [V]: two more ids than texts
     std::vector<int64_t> ids;

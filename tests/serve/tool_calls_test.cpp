@@ -1,11 +1,13 @@
 // Tool calling in `dschat serve`: Hermes-style <tool_call> blocks read from a reply as vLLM's
-// "hermes" parser reads them (whole and streamed, split anywhere), and a chat request's tools,
-// tool_choice, assistant tool_calls and tool messages read and checked, each error naming its key.
+// "hermes" parser reads them (whole and streamed, split anywhere), forced calls (tool_choice
+// "required" or named) read from a schema-shaped reply, and a chat request's tools, tool_choice,
+// response_format, assistant tool_calls and tool messages read and checked, each error naming its key.
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "dschat/core/error.h"
+#include "serve/json_machine.h"
 #include "serve/openai_protocol.h"
 #include "serve/tool_call_parser.h"
 #include "test_util.h"
@@ -132,8 +134,21 @@ TEST(ChatToolRequest, BadToolsAndTurnsNameTheirKey) {
       {R"(, "tools": [{"type": "function", "function": {"name": "bad name"}}])", "tools[0].function.name"},
       {R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}])",
        "tools[0].function.parameters"},
-      {R"(, "tool_choice": "required")", "tool_choice"},
+      {R"(, "tool_choice": "required")", "tool_choice"},  // no tools to force
       {R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", "tool_choice"},
+      {R"(, "tool_choice": "any")", "tool_choice"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "g"}}], "tool_choice": {"type": "function",
+           "function": {"name": "f"}})", "tool_choice.function.name"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "g", "parameters": {"type": "object",
+           "properties": {"when": {"type": "string", "format": "date"}}}}}], "tool_choice": "required")",
+       "tools[0].function.parameters.properties.when.format"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "g"}}], "tool_choice": "required",
+           "response_format": {"type": "json_object"})", "tool_choice"},
+      {R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "w"}})",
+       "response_format.json_schema.schema"},
+      {R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object",
+           "properties": {"n": {"type": "integer", "maximum": 3}}}}})",
+       "response_format.json_schema.schema.properties.n.maximum"},
       {R"(, "functions": [{"name": "f"}])", "functions"},
   };
   for (const auto& [extra, param] : bad) {
@@ -163,6 +178,78 @@ TEST(ChatToolRequest, BadToolsAndTurnsNameTheirKey) {
       EXPECT_EQ(e.param, param) << e.what();
     }
   }
+}
+
+// A forced tool_choice shapes the reply with a schema (vLLM's): "required" a list of {"name",
+// "parameters"} over the tools, a named function its parameters; response_format json_schema its
+// schema, properties in the order the client wrote them.
+TEST(ChatToolRequest, ForcedCallsAndResponseSchemasBecomeTheReplysSchema) {
+  const std::string tools =
+      R"(, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+           "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time"}}])";
+  const auto accepts = [](const ApiRequest& request, const std::string& text) {
+    JsonMachine machine(*request.params.json_schema);
+    return machine.feed(text) && machine.complete();
+  };
+  const ApiRequest required = chat(tools + R"(, "tool_choice": "required")");
+  ASSERT_TRUE(required.tool_calls && required.params.json_schema);
+  EXPECT_EQ(required.tool_calls->kind, ToolCallMode::Kind::kRequired);
+  EXPECT_TRUE(required.tools.is_array()) << "the model is shown the tools";
+  EXPECT_TRUE(accepts(required, R"([{"name": "get_weather", "parameters": {"city": "Paris"}}])"));
+  EXPECT_TRUE(accepts(required, R"([{"name": "get_time", "parameters": {}}, {"name": "get_time", "parameters": {}}])"));
+  EXPECT_FALSE(accepts(required, R"([])")) << "at least one call";
+  EXPECT_FALSE(accepts(required, R"([{"name": "get_time", "parameters": {"city": "Paris"}}])"));
+  EXPECT_FALSE(accepts(required, R"([{"name": "get_weather", "parameters": {}}])")) << "city is required";
+  const ApiRequest named =
+      chat(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
+  ASSERT_TRUE(named.tool_calls && named.params.json_schema);
+  EXPECT_EQ(named.tool_calls->kind, ToolCallMode::Kind::kNamed);
+  EXPECT_EQ(named.tool_calls->function, "get_weather");
+  EXPECT_TRUE(accepts(named, R"({"city": "Paris"})"));
+  EXPECT_FALSE(accepts(named, R"({"name": "get_weather"})"));
+  const ApiRequest automatic = chat(tools);
+  ASSERT_TRUE(automatic.tool_calls);
+  EXPECT_EQ(automatic.tool_calls->kind, ToolCallMode::Kind::kHermes);
+  EXPECT_FALSE(automatic.params.json_schema) << "auto leaves the reply free";
+  const ApiRequest schema = chat(R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "w",
+      "strict": true, "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}},
+      "required": ["z", "a"], "additionalProperties": false}}})");
+  ASSERT_TRUE(schema.params.json_schema);
+  EXPECT_FALSE(schema.tool_calls);
+  EXPECT_TRUE(accepts(schema, R"({"z": "x", "a": 1})"));
+  EXPECT_FALSE(accepts(schema, R"({"a": 1, "z": "x"})")) << "the client's order, not nlohmann's sorted one";
+}
+
+TEST(ForcedToolCalls, ReadFromTheWholeReplyOrNoneWhenItWasCutShort) {
+  const ToolCallMode required{ToolCallMode::Kind::kRequired, ""};
+  ParsedReply reply = parse_tool_calls(
+      R"([{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", "parameters": {}}])",
+      required);
+  EXPECT_TRUE(reply.content.is_null());
+  ASSERT_EQ(reply.tool_calls.size(), 2u);
+  expect_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris"})");
+  expect_call(reply.tool_calls[1], "get_time", "{}");
+  const ToolCallMode named{ToolCallMode::Kind::kNamed, "get_weather"};
+  reply = parse_tool_calls(R"( {"city": "Paris"})", named);
+  ASSERT_EQ(reply.tool_calls.size(), 1u);
+  expect_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris"})");
+  for (const auto& [text, mode] : {std::make_pair(R"({"city": "Par)", named),
+                                   std::make_pair(R"([{"name": "get_weather", "param)", required)}) {
+    reply = parse_tool_calls(text, mode);  // max_tokens cut the JSON: no call, the text is content
+    EXPECT_TRUE(reply.tool_calls.empty());
+    EXPECT_EQ(reply.content, text);
+  }
+  EXPECT_EQ(tool_finish_reason(required, true, "stop"), "tool_calls");
+  EXPECT_EQ(tool_finish_reason(named, true, "stop"), "stop") << "OpenAI's answer to a forced named call";
+  EXPECT_EQ(tool_finish_reason(required, false, "length"), "length");
+  ToolCallStream stream(named);  // a forced reply is held back whole, then read
+  EXPECT_EQ(stream.push(R"({"city": )"), "");
+  EXPECT_EQ(stream.push(R"("Paris"})"), "");
+  reply = stream.finish();
+  EXPECT_TRUE(reply.content.is_null());
+  ASSERT_EQ(reply.tool_calls.size(), 1u);
+  expect_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris"})");
 }
 
 // The role patterns (DeepSpeed-Chat's format) have no tool turns: a tool message or an assistant

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,6 +20,8 @@
 
 namespace dschat {
 namespace serve {
+
+struct JsonSchema;  // src/serve/json_schema.h
 
 struct SamplingParams {
   int64_t max_tokens = 16;
@@ -36,7 +39,9 @@ struct SamplingParams {
   std::vector<int64_t> stop_token_ids;  // ids that end an answer besides eos (a chat template's end of turn)
   int64_t logprobs = -1;     // >= 0: each token's log-prob and this many most likely ones; -1: none
   bool echo = false;         // completions: each choice starts with its prompt (and its log-probs)
-  bool json_object = false;  // response_format json_object: the answer is a JSON object (json_mode.h)
+  // The answer is a JSON text this schema allows (response_format json_object / json_schema, a
+  // forced tool call; src/serve/json_mode.h); null: free text.
+  std::shared_ptr<const JsonSchema> json_schema;
 
   bool greedy() const { return temperature == 0.0; }
 };

@@ -1,0 +1,342 @@
+#include "serve/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "serve/openai_protocol.h"
+
+namespace dschat {
+namespace serve {
+namespace {
+
+using SchemaJson = nlohmann::ordered_json;
+using Kind = JsonSchemaNode::Kind;
+
+const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
+                                            "$comment", "deprecated", "readOnly", "writeOnly", "$defs",
+                                            "definitions"};
+const std::set<std::string> kStructural = {"type", "properties", "required", "additionalProperties", "items",
+                                           "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
+                                           "nullable"};
+
+ApiError bad_schema(const std::string& where, const std::string& rule) {
+  return ApiError(400, "'" + where + "' " + rule, where);
+}
+
+const std::map<std::string, Kind> kTypes = {{"object", Kind::kObject},   {"array", Kind::kArray},
+                                            {"string", Kind::kString},   {"number", Kind::kNumber},
+                                            {"integer", Kind::kInteger}, {"boolean", Kind::kBoolean},
+                                            {"null", Kind::kNull}};
+
+// Whether `value` is of JSON Schema type `kind` (an integer is also a number).
+bool of_type(const SchemaJson& value, Kind kind) {
+  switch (kind) {
+    case Kind::kObject: return value.is_object();
+    case Kind::kArray: return value.is_array();
+    case Kind::kString: return value.is_string();
+    case Kind::kNumber: return value.is_number();
+    case Kind::kInteger:
+      return value.is_number_integer() ||
+             (value.is_number_float() && std::isfinite(value.get<double>()) &&
+              value.get<double>() == std::floor(value.get<double>()));
+    case Kind::kBoolean: return value.is_boolean();
+    case Kind::kNull: return value.is_null();
+    default: return true;
+  }
+}
+
+class Compiler {
+ public:
+  Compiler(const SchemaJson& root, std::string where) : root_(root), where_(std::move(where)) {}
+
+  std::shared_ptr<const JsonSchema> run() {
+    auto schema = std::make_shared<JsonSchema>();
+    schema_ = schema.get();
+    schema->root = node(root_, where_);
+    flatten_any_of();
+    return schema;
+  }
+
+ private:
+  int32_t add(JsonSchemaNode node) {
+    schema_->nodes.push_back(std::move(node));
+    return static_cast<int32_t>(schema_->nodes.size() - 1);
+  }
+
+  int32_t any_node() {
+    if (any_ < 0) any_ = add(JsonSchemaNode{});
+    return any_;
+  }
+
+  int32_t node(const SchemaJson& schema, const std::string& where) {
+    if (schema.is_boolean()) {
+      if (!schema.get<bool>()) throw bad_schema(where, "is false: it allows no value at all");
+      return any_node();
+    }
+    if (!schema.is_object()) throw bad_schema(where, "must be a JSON Schema (an object or a boolean)");
+    for (const auto& [key, value] : schema.items()) {
+      if (kAnnotations.count(key) == 0 && kStructural.count(key) == 0) {
+        throw bad_schema(where + "." + key, "is not supported by dschat serve's schema-guided decoding (it follows "
+                                            "type, properties, required, additionalProperties, items, minItems, "
+                                            "maxItems, enum, const, anyOf, oneOf, $ref and nullable)");
+      }
+    }
+    if (schema.value("nullable", false)) {
+      SchemaJson rest = schema;
+      rest.erase("nullable");
+      return any_of({rest, SchemaJson{{"type", "null"}}}, where);
+    }
+    if (schema.contains("$ref")) return reference(schema, where);
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (schema.contains(key)) return any_of_with_siblings(schema, key, where);
+    }
+    if (schema.contains("type") && schema["type"].is_array()) return type_list(schema, where);
+    if (schema.contains("enum") || schema.contains("const")) return enumeration(schema, where);
+    Kind kind = Kind::kAny;
+    if (schema.contains("type")) {
+      const SchemaJson& type = schema["type"];
+      if (!type.is_string() || kTypes.count(type.get<std::string>()) == 0) {
+        throw bad_schema(where + ".type", "must be one of object, array, string, number, integer, boolean, null "
+                                          "(or a list of them)");
+      }
+      kind = kTypes.at(type.get<std::string>());
+    } else if (schema.contains("properties") || schema.contains("required") ||
+               schema.contains("additionalProperties")) {
+      kind = Kind::kObject;
+    } else if (schema.contains("items") || schema.contains("minItems") || schema.contains("maxItems")) {
+      kind = Kind::kArray;
+    }
+    for (const char* key : {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"}) {
+      const bool object_key = std::string(key) != "items" && std::string(key) != "minItems" &&
+                              std::string(key) != "maxItems";
+      if (schema.contains(key) && kind != (object_key ? Kind::kObject : Kind::kArray)) {
+        throw bad_schema(where + "." + key, std::string("is only for ") + (object_key ? "objects" : "arrays"));
+      }
+    }
+    if (kind == Kind::kObject) return object(schema, where);
+    if (kind == Kind::kArray) return array(schema, where);
+    JsonSchemaNode leaf;
+    leaf.kind = kind;
+    return kind == Kind::kAny ? any_node() : add(std::move(leaf));
+  }
+
+  int32_t object(const SchemaJson& schema, const std::string& where) {
+    JsonSchemaNode object;
+    object.kind = Kind::kObject;
+    const int32_t index = add(JsonSchemaNode{});  // reserved: a $ref inside may come back here
+    std::set<std::string> required;
+    if (schema.contains("required")) {
+      const SchemaJson& names = schema["required"];
+      if (!names.is_array()) throw bad_schema(where + ".required", "must be a list of property names");
+      for (const SchemaJson& name : names) {
+        if (!name.is_string()) throw bad_schema(where + ".required", "must be a list of property names");
+        required.insert(name.get<std::string>());
+      }
+    }
+    if (schema.contains("properties")) {
+      const SchemaJson& properties = schema["properties"];
+      if (!properties.is_object()) throw bad_schema(where + ".properties", "must be an object of schemas");
+      for (const auto& [key, value] : properties.items()) {
+        JsonSchemaNode::Property property;
+        property.key_text = SchemaJson(key).dump();
+        property.required = required.count(key) > 0;
+        property.node = node(value, where + ".properties." + key);
+        object.properties.push_back(std::move(property));
+      }
+      for (const std::string& name : required) {
+        if (!properties.contains(name)) {
+          throw bad_schema(where + ".required", "names '" + name + "', which is not in properties");
+        }
+      }
+    } else {
+      if (!required.empty()) throw bad_schema(where + ".required", "names properties, but the object declares none");
+      const SchemaJson additional = schema.value("additionalProperties", SchemaJson(true));
+      if (!(additional.is_boolean() && !additional.get<bool>())) {
+        object.additional = node(additional, where + ".additionalProperties");
+      }
+    }
+    object.required_from.assign(object.properties.size() + 1, 0);
+    for (size_t i = object.properties.size(); i-- > 0;) {
+      object.required_from[i] = object.required_from[i + 1] || object.properties[i].required;
+    }
+    schema_->nodes[static_cast<size_t>(index)] = std::move(object);
+    return index;
+  }
+
+  int64_t count(const SchemaJson& schema, const char* key, int64_t fallback, const std::string& where) {
+    if (!schema.contains(key)) return fallback;
+    const SchemaJson& value = schema[key];
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 65535) {
+      throw bad_schema(where + "." + key, "must be an integer in [0, 65535]");
+    }
+    return value.get<int64_t>();
+  }
+
+  int32_t array(const SchemaJson& schema, const std::string& where) {
+    JsonSchemaNode array;
+    array.kind = Kind::kArray;
+    const int32_t index = add(JsonSchemaNode{});
+    if (schema.contains("items") && schema["items"].is_array()) {
+      throw bad_schema(where + ".items", "as a list (tuple validation) is not supported; give one schema");
+    }
+    array.items = schema.contains("items") ? node(schema["items"], where + ".items") : any_node();
+    array.min_items = count(schema, "minItems", 0, where);
+    array.max_items = count(schema, "maxItems", -1, where);
+    if (array.max_items >= 0 && array.max_items < array.min_items) {
+      throw bad_schema(where + ".maxItems", "is below minItems");
+    }
+    schema_->nodes[static_cast<size_t>(index)] = std::move(array);
+    return index;
+  }
+
+  int32_t enumeration(const SchemaJson& schema, const std::string& where) {
+    const char* key = schema.contains("const") ? "const" : "enum";
+    const SchemaJson values = schema.contains("const") ? SchemaJson::array({schema["const"]}) : schema["enum"];
+    if (!values.is_array() || values.empty()) throw bad_schema(where + ".enum", "must be a non-empty list of values");
+    std::optional<Kind> type;
+    if (schema.contains("type")) {
+      if (!schema["type"].is_string() || kTypes.count(schema["type"].get<std::string>()) == 0) {
+        throw bad_schema(where + ".type", "must be a JSON Schema type");
+      }
+      type = kTypes.at(schema["type"].get<std::string>());
+    }
+    JsonSchemaNode node;
+    node.kind = Kind::kEnum;
+    for (const SchemaJson& value : values) {
+      if (!type || of_type(value, *type)) node.values.push_back(value.dump());
+    }
+    if (node.values.empty()) throw bad_schema(where + "." + key, "holds no value of the schema's type");
+    std::sort(node.values.begin(), node.values.end());
+    node.values.erase(std::unique(node.values.begin(), node.values.end()), node.values.end());
+    return add(std::move(node));
+  }
+
+  int32_t any_of(const std::vector<SchemaJson>& branches, const std::string& where) {
+    const int32_t index = add(JsonSchemaNode{});
+    JsonSchemaNode node;
+    node.kind = Kind::kAnyOf;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      node.branches.push_back(this->node(branches[i], where + "[" + std::to_string(i) + "]"));
+    }
+    schema_->nodes[static_cast<size_t>(index)] = std::move(node);
+    return index;
+  }
+
+  // {"type": "object", "anyOf": [...]}: each branch takes the keywords beside anyOf as well.
+  int32_t any_of_with_siblings(const SchemaJson& schema, const char* key, const std::string& where) {
+    const SchemaJson& list = schema[key];
+    if (!list.is_array() || list.empty()) throw bad_schema(where + "." + key, "must be a non-empty list of schemas");
+    std::vector<SchemaJson> branches;
+    for (size_t i = 0; i < list.size(); ++i) {
+      SchemaJson branch = list[i];
+      if (!branch.is_object()) {
+        branches.push_back(branch);
+        continue;
+      }
+      for (const auto& [sibling, value] : schema.items()) {
+        if (sibling == key || kAnnotations.count(sibling)) continue;
+        if (branch.contains(sibling) && branch[sibling] != value) {
+          throw bad_schema(where + "." + key + "[" + std::to_string(i) + "]." + sibling,
+                           "differs from the '" + sibling + "' beside " + key + " (intersections are not supported)");
+        }
+        branch[sibling] = value;
+      }
+      branches.push_back(std::move(branch));
+    }
+    return any_of(branches, where + "." + key);
+  }
+
+  int32_t type_list(const SchemaJson& schema, const std::string& where) {
+    std::vector<SchemaJson> branches;
+    for (const SchemaJson& type : schema["type"]) {
+      SchemaJson branch = schema;
+      branch["type"] = type;
+      branches.push_back(std::move(branch));
+    }
+    if (branches.empty()) throw bad_schema(where + ".type", "must not be an empty list");
+    return any_of(branches, where + ".type");
+  }
+
+  int32_t reference(const SchemaJson& schema, const std::string& where) {
+    const SchemaJson& ref = schema["$ref"];
+    if (schema.size() > 1) {
+      for (const auto& [key, value] : schema.items()) {
+        if (key != "$ref" && kAnnotations.count(key) == 0) {
+          throw bad_schema(where + "." + key, "beside $ref is not supported");
+        }
+      }
+    }
+    const std::string text = ref.is_string() ? ref.get<std::string>() : "";
+    if (text.empty() || text[0] != '#') {
+      throw bad_schema(where + ".$ref", "must point into this schema (\"#\", \"#/$defs/Name\")");
+    }
+    if (auto found = refs_.find(text); found != refs_.end()) return found->second;
+    const std::string pointer = text.substr(1);
+    SchemaJson::json_pointer path;
+    try {
+      path = SchemaJson::json_pointer(pointer);
+    } catch (const SchemaJson::exception&) {
+      throw bad_schema(where + ".$ref", "is not a JSON pointer: " + text);
+    }
+    if (!root_.contains(path)) throw bad_schema(where + ".$ref", "points at nothing: " + text);
+    // A placeholder anyOf of one branch, so a recursive reference finds its index at once.
+    const int32_t index = add(JsonSchemaNode{});
+    refs_[text] = index;
+    JsonSchemaNode link;
+    link.kind = Kind::kAnyOf;
+    link.branches = {node(root_.at(path), where + ".$ref(" + text + ")")};
+    schema_->nodes[static_cast<size_t>(index)] = std::move(link);
+    return index;
+  }
+
+  // Every anyOf's branches become the non-anyOf nodes they reach (so the machine splits once per
+  // value); an anyOf that reaches itself through anyOf branches alone is refused.
+  void flatten_any_of() {
+    std::vector<JsonSchemaNode>& nodes = schema_->nodes;
+    std::vector<std::vector<int32_t>> leaves(nodes.size());
+    std::vector<uint8_t> state(nodes.size(), 0);  // 0 new, 1 on the path, 2 done
+    std::function<void(int32_t)> visit = [&](int32_t at) {
+      if (state[at] == 2) return;
+      if (state[at] == 1) throw bad_schema(where_, "has an anyOf or $ref that refers to itself with no value between");
+      state[at] = 1;
+      for (int32_t branch : nodes[at].branches) {
+        if (nodes[branch].kind != Kind::kAnyOf) {
+          leaves[at].push_back(branch);
+          continue;
+        }
+        visit(branch);
+        leaves[at].insert(leaves[at].end(), leaves[branch].begin(), leaves[branch].end());
+      }
+      state[at] = 2;
+    };
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].kind == Kind::kAnyOf) visit(static_cast<int32_t>(i));
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].kind != Kind::kAnyOf) continue;
+      std::vector<int32_t>& list = leaves[i];
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      nodes[i].branches = std::move(list);
+    }
+  }
+
+  const SchemaJson& root_;
+  std::string where_;
+  JsonSchema* schema_ = nullptr;
+  int32_t any_ = -1;
+  std::map<std::string, int32_t> refs_;
+};
+
+}  // namespace
+
+std::shared_ptr<const JsonSchema> compile_json_schema(const nlohmann::ordered_json& schema, const std::string& where) {
+  return Compiler(schema, where).run();
+}
+
+}  // namespace serve
+}  // namespace dschat

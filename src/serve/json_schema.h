@@ -1,0 +1,58 @@
+#pragma once
+// A JSON Schema compiled for schema-guided decoding (`dschat serve`'s response_format json_schema
+// and forced tool calls): a graph of nodes a byte machine (json_machine.h) walks while the model
+// writes. Every text the machine accepts validates against the schema; the machine may accept
+// fewer texts than the schema allows, as OpenAI's structured outputs and xgrammar's strict mode
+// do: an object's keys come in the schema's order (an optional one may be left out), and an
+// object with declared properties takes no others.
+//
+// Supported: type (one or a list), properties, required, additionalProperties (for objects
+// without properties), items, minItems, maxItems, enum, const, anyOf / oneOf, $ref to "#",
+// "#/$defs/..." or "#/definitions/..." (recursion included), and the annotations (title,
+// description, default, examples, ...). Any other keyword (pattern, format, minimum, ...) is
+// refused by name: the constraint would be silently dropped otherwise.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dschat {
+namespace serve {
+
+struct JsonSchemaNode {
+  enum class Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull, kEnum, kAnyOf };
+  struct Property {
+    std::string key_text;  // the key as written, quotes included: "\"city\""
+    int32_t node = -1;
+    bool required = false;
+  };
+  Kind kind = Kind::kAny;
+  // kObject. With properties: they come in this order, the required ones all present, no others.
+  // Without: any keys, each value of `additional` (-1: none, only {}).
+  std::vector<Property> properties;
+  std::vector<uint8_t> required_from;  // [properties + 1]: 1 when a required property is at or after i
+  int32_t additional = -1;
+  // kArray: every item of `items`, between min_items and max_items of them (-1: no bound).
+  int32_t items = -1;
+  int64_t min_items = 0;
+  int64_t max_items = -1;
+  // kEnum: the allowed values as compact JSON texts, sorted (a prefix's candidates are a range).
+  std::vector<std::string> values;
+  // kAnyOf: its branches, none of them kAnyOf (nested ones are flattened).
+  std::vector<int32_t> branches;
+};
+
+struct JsonSchema {
+  std::vector<JsonSchemaNode> nodes;
+  int32_t root = -1;
+};
+
+/// Compiles `schema`; a schema it cannot follow throws ApiError(400) naming the key path under
+/// `where` ("response_format.json_schema.schema.properties.city.pattern").
+std::shared_ptr<const JsonSchema> compile_json_schema(const nlohmann::ordered_json& schema, const std::string& where);
+
+}  // namespace serve
+}  // namespace dschat
