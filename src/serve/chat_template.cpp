@@ -134,9 +134,14 @@ ChatTemplate jinja_chat_template(const tokenizer::ChatTemplateSource& source, co
     chat.stop_token_ids.push_back(*end);
   }
   // A template that lists `tools` and shows the model <tool_call> blocks asks for Hermes-style
-  // calls (what vLLM's "hermes" parser reads: Qwen2.5, Qwen3, NousResearch's Hermes).
-  if (source.text.find("tools") != std::string::npos && source.text.find("<tool_call>") != std::string::npos) {
-    chat.tool_call_format = "hermes";
+  // calls (what vLLM's "hermes" parser reads: Qwen2.5, Qwen3, NousResearch's Hermes); one that
+  // shows a [TOOL_CALLS] list, for Mistral's (vLLM's "mistral" parser).
+  if (source.text.find("tools") != std::string::npos) {
+    if (source.text.find("<tool_call>") != std::string::npos) {
+      chat.tool_call_format = "hermes";
+    } else if (source.text.find("[TOOL_CALLS]") != std::string::npos) {
+      chat.tool_call_format = "mistral";
+    }
   }
   return chat;
 }

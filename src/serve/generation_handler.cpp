@@ -25,13 +25,20 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
   std::vector<std::vector<int64_t>> prompts = api.prompt_ids;
   const char* param = api.endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (api.endpoint == Endpoint::kChat) {
-    const bool auto_calls = api.tool_calls && api.tool_calls->kind == ToolCallMode::Kind::kHermes;
+    const bool auto_calls = api.tool_calls && api.tool_calls->free_text();
     if (auto_calls && slot.chat_template.tool_call_format.empty()) {
       throw ApiError(400, "model '" + api.model + "' has no tool calling: its chat template (" +
                               slot.chat_template.source + ") does not offer tools as Hermes-style <tool_call> "
-                              "blocks (Qwen2.5, Qwen3, Hermes templates do; --chat-template FILE.jinja sets one; "
-                              "tool_choice \"required\" or a named function works with any model)",
+                              "blocks (Qwen2.5, Qwen3, Hermes templates do) or a [TOOL_CALLS] list (Mistral "
+                              "v0.3 does); --chat-template FILE.jinja sets one; tool_choice \"required\" or a "
+                              "named function works with any model",
                      "tools");
+    }
+    if (auto_calls && slot.chat_template.tool_call_format == "mistral") {
+      api.tool_calls->kind = ToolCallMode::Kind::kMistral;
+      // Mistral's tokenizers make [TOOL_CALLS] a special token: its text must reach the parser.
+      const std::optional<int64_t> tag = tokenizer.token_to_id("[TOOL_CALLS]");
+      if (tag && tokenizer.is_special(*tag)) api.params.kept_special_ids.push_back(*tag);
     }
     // A forced call is shaped by its schema whatever the template; a Jinja template still sees the
     // tools (those that ignore them, and DeepSpeed-Chat's role patterns, are rendered without).
@@ -279,7 +286,8 @@ void handle_generation(Server::State& state, const httplib::Request& http, httpl
       api.params.trim_leading_space = chat.trim_leading_space;
       api.params.stop_token_ids = chat.stop_token_ids;
     }
-    auto request = std::make_shared<GenerationRequest>(prompt_ids(*slot, api), api.params);
+    std::vector<std::vector<int64_t>> prompts = prompt_ids(*slot, api);  // may set api.params' kept ids first
+    auto request = std::make_shared<GenerationRequest>(std::move(prompts), api.params);
     if (state.stopping) throw ApiError(503, "the server is stopping", "", "server_stopping", "server_error");
     try {
       slot->scheduler->submit(request);

@@ -65,7 +65,8 @@ bool RequestRows::add(const std::shared_ptr<GenerationRequest>& request, inferen
     engine_requests.push_back(id);
     for (int64_t j = 0; j < params.n; ++j) {
       live.rows.emplace(std::make_pair(id, j), Row{static_cast<int64_t>(p) * params.n + j,
-                                                   TextStream(tokenizer_, params.stop, params.trim_leading_space)});
+                                                   TextStream(tokenizer_, params.stop, params.trim_leading_space,
+                                                              params.kept_special_ids)});
     }
   }
   live.open = static_cast<int64_t>(live.rows.size());

@@ -37,15 +37,32 @@ size_t stop_prefix_suffix(const std::string& text, const std::vector<std::string
   return longest;
 }
 
-TextStream::TextStream(const tokenizer::Tokenizer* tokenizer, std::vector<std::string> stops, bool trim_leading_space)
-    : tokenizer_(tokenizer), trim_leading_space_(trim_leading_space) {
+TextStream::TextStream(const tokenizer::Tokenizer* tokenizer, std::vector<std::string> stops, bool trim_leading_space,
+                       std::vector<int64_t> kept_special_ids)
+    : tokenizer_(tokenizer), trim_leading_space_(trim_leading_space), kept_special_ids_(std::move(kept_special_ids)) {
   for (auto& stop : stops) {
     if (!stop.empty()) stops_.push_back(std::move(stop));
   }
 }
 
 std::string TextStream::decoded() const {
-  std::string text = tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
+  std::string text;
+  // The runs between kept special tokens decode as usual; a kept token's own text stands between.
+  size_t run = 0;
+  for (size_t i = 0; i < ids_.size(); ++i) {
+    if (std::find(kept_special_ids_.begin(), kept_special_ids_.end(), ids_[i]) == kept_special_ids_.end()) continue;
+    const std::vector<int64_t> before(ids_.begin() + static_cast<std::ptrdiff_t>(run),
+                                      ids_.begin() + static_cast<std::ptrdiff_t>(i));
+    text += tokenizer_->decode(before, /*skip_special_tokens=*/true);
+    text += tokenizer_->decode({ids_[i]}, /*skip_special_tokens=*/false);
+    run = i + 1;
+  }
+  if (run == 0) {
+    text += tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
+  } else {
+    const std::vector<int64_t> rest(ids_.begin() + static_cast<std::ptrdiff_t>(run), ids_.end());
+    text += tokenizer_->decode(rest, /*skip_special_tokens=*/true);
+  }
   if (trim_leading_space_) text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\r\n")));
   return text;
 }

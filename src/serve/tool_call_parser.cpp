@@ -11,20 +11,30 @@ constexpr const char* kCallOpen = "<tool_call>";
 constexpr const char* kCallClose = "</tool_call>";
 constexpr size_t kCallOpenLength = 11;
 constexpr size_t kCallCloseLength = 12;
+constexpr const char* kMistralCalls = "[TOOL_CALLS]";
 
-// "call_" and 24 random hex digits: unique enough within a conversation, as OpenAI's ids are.
-std::string new_call_id() {
+// OpenAI's form, "call_" and 24 random hex digits (unique enough within a conversation, as
+// OpenAI's are), or Mistral's: 9 letters and digits (its template refuses any other).
+std::string new_call_id(bool mistral) {
   static thread_local std::mt19937_64 source{std::random_device{}()};
-  static const char* const kHex = "0123456789abcdef";
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += kHex[source() % 16];
+  static const std::string kHex = "0123456789abcdef";
+  static const std::string kAlphanumeric = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const std::string& digits = mistral ? kAlphanumeric : kHex;
+  std::string id = mistral ? "" : "call_";
+  for (int i = 0; i < (mistral ? 9 : 24); ++i) id += digits[source() % digits.size()];
   return id;
 }
 
-nlohmann::ordered_json openai_call(const std::string& name, const nlohmann::ordered_json& arguments) {
+nlohmann::ordered_json openai_call(const std::string& name, const nlohmann::ordered_json& arguments,
+                                   bool mistral_id = false) {
   // Arguments are JSON text on the wire; a model that already wrote them as text keeps its text.
   const std::string text = arguments.is_string() ? arguments.get<std::string>() : arguments.dump();
-  return {{"id", new_call_id()}, {"type", "function"}, {"function", {{"name", name}, {"arguments", text}}}};
+  return {{"id", new_call_id(mistral_id)}, {"type", "function"}, {"function", {{"name", name}, {"arguments", text}}}};
+}
+
+// The tag after which a free-text reply's calls come.
+std::string call_tag(const ToolCallMode& mode) {
+  return mode.kind == ToolCallMode::Kind::kMistral ? kMistralCalls : kCallOpen;
 }
 
 // One call object -> an OpenAI call; false when it is not {"name": string, `arguments`: ...}.
@@ -81,8 +91,31 @@ ParsedReply parse_hermes_tool_calls(const std::string& text) {
   return reply;
 }
 
+ParsedReply parse_mistral_tool_calls(const std::string& text) {
+  const size_t tag = text.find(kMistralCalls);
+  if (tag == std::string::npos) return ParsedReply{text, nlohmann::ordered_json::array()};
+  nlohmann::ordered_json list = nlohmann::ordered_json::parse(text.substr(tag + std::string(kMistralCalls).size()),
+                                                              nullptr, /*allow_exceptions=*/false);
+  if (list.is_object()) list = nlohmann::ordered_json::array({list});
+  if (!list.is_array() || list.empty()) return ParsedReply{text, nlohmann::ordered_json::array()};
+  ParsedReply reply;
+  for (const auto& item : list) {
+    if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) {
+      return ParsedReply{text, nlohmann::ordered_json::array()};
+    }
+    reply.tool_calls.push_back(openai_call(item["name"].get<std::string>(),
+                                           item.value("arguments", nlohmann::ordered_json::object()), true));
+  }
+  if (tag > 0) reply.content = text.substr(0, tag);
+  return reply;
+}
+
 ParsedReply parse_tool_calls(const std::string& text, const ToolCallMode& mode) {
-  return mode.kind == ToolCallMode::Kind::kHermes ? parse_hermes_tool_calls(text) : parse_forced_tool_calls(text, mode);
+  switch (mode.kind) {
+    case ToolCallMode::Kind::kHermes: return parse_hermes_tool_calls(text);
+    case ToolCallMode::Kind::kMistral: return parse_mistral_tool_calls(text);
+    default: return parse_forced_tool_calls(text, mode);
+  }
 }
 
 std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std::string& generation_reason) {
@@ -92,15 +125,16 @@ std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std:
 std::string ToolCallStream::push(const std::string& piece) {
   text_ += piece;
   if (in_call_) return "";
-  const size_t tag = text_.find(kCallOpen, sent_ >= kCallOpenLength ? sent_ - kCallOpenLength : 0);
+  const std::string tag = call_tag(mode_);
+  const size_t found = text_.find(tag, sent_ >= tag.size() ? sent_ - tag.size() : 0);
   size_t safe = text_.size();  // content up to here can go out
-  if (tag != std::string::npos) {
+  if (found != std::string::npos) {
     in_call_ = true;
-    safe = tag;
+    safe = found;
   } else {
     // Hold back a tail that could be the start of the tag ("<tool" of "<tool_call>").
-    for (size_t keep = std::min(kCallOpenLength - 1, text_.size()); keep > 0; --keep) {
-      if (text_.compare(text_.size() - keep, keep, kCallOpen, keep) == 0) {
+    for (size_t keep = std::min(tag.size() - 1, text_.size()); keep > 0; --keep) {
+      if (text_.compare(text_.size() - keep, keep, tag, 0, keep) == 0) {
         safe = text_.size() - keep;
         break;
       }
@@ -114,11 +148,11 @@ std::string ToolCallStream::push(const std::string& piece) {
 
 ParsedReply ToolCallStream::finish() {
   ParsedReply reply = parse_tool_calls(text_, mode_);
-  if (mode_.kind != ToolCallMode::Kind::kHermes) return reply;  // nothing was sent before
+  if (!mode_.free_text()) return reply;  // nothing was sent before
   if (reply.tool_calls.empty()) {
     reply.content = text_.substr(sent_);  // no calls: what was held back is content
   } else {
-    const size_t tag = text_.find(kCallOpen);
+    const size_t tag = text_.find(call_tag(mode_));
     reply.content = tag > sent_ ? nlohmann::ordered_json(text_.substr(sent_, tag - sent_)) : nullptr;
   }
   return reply;

@@ -1,6 +1,6 @@
 #pragma once
-// Tool calls in a chat reply's text, as Hermes-style templates (Qwen2.5, Qwen3, NousResearch's
-// Hermes) teach the model to write them:
+// Tool calls in a chat reply's text (Mistral's [TOOL_CALLS] lists and forced calls further down),
+// as Hermes-style templates (Qwen2.5, Qwen3, NousResearch's Hermes) teach the model to write them:
 //
 //   "Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>"
 //
@@ -24,14 +24,23 @@ struct ParsedReply {
 
 ParsedReply parse_hermes_tool_calls(const std::string& text);
 
-/// How a reply carries its calls. kHermes (tool_choice "auto"): <tool_call> blocks in free text,
-/// as above. A forced tool_choice makes the whole reply JSON through schema-guided decoding
-/// (json_schema.h), as vLLM does: kRequired ("required") a list of {"name", "parameters"}, kNamed
-/// (a named function) that function's arguments.
+/// Mistral's calls (v0.3 and later templates), read as vLLM's "mistral" parser reads them: the
+/// content is the text before "[TOOL_CALLS]" (null when empty), after it a JSON list of {"name",
+/// "arguments"} (or one such object); anything else there makes no calls and all of it content.
+/// Call ids are 9 letters and digits, the form Mistral's template requires of the next turn.
+ParsedReply parse_mistral_tool_calls(const std::string& text);
+
+/// How a reply carries its calls. tool_choice "auto": in free text, kHermes (<tool_call> blocks,
+/// as above) or kMistral (a [TOOL_CALLS] list), as the model's template shows them. A forced
+/// tool_choice makes the whole reply JSON through schema-guided decoding (json_schema.h), as vLLM
+/// does: kRequired ("required") a list of {"name", "parameters"}, kNamed (a named function) that
+/// function's arguments.
 struct ToolCallMode {
-  enum class Kind { kHermes, kRequired, kNamed };
+  enum class Kind { kHermes, kMistral, kRequired, kNamed };
   Kind kind = Kind::kHermes;
   std::string function;  // kNamed
+  /// The calls come in free text after a tag (not forced by a schema).
+  bool free_text() const { return kind == Kind::kHermes || kind == Kind::kMistral; }
 };
 
 /// The calls of a whole reply. A forced reply that is not whole JSON (it hit max_tokens) makes no
@@ -42,13 +51,14 @@ ParsedReply parse_tool_calls(const std::string& text, const ToolCallMode& mode);
 /// forced call keeps the generation's own reason ("stop"), as OpenAI and vLLM answer.
 std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std::string& generation_reason);
 
-/// The same for a streamed reply: content goes out as it comes, up to where a <tool_call> may
-/// begin (a piece that could be the start of the tag is held back until it is not); from the tag
-/// on, the text is kept and parsed once the reply ends. A forced reply is held back whole.
+/// The same for a streamed reply: content goes out as it comes, up to where the mode's tag
+/// (<tool_call>, [TOOL_CALLS]) may begin (a piece that could be the start of the tag is held back
+/// until it is not); from the tag on, the text is kept and parsed once the reply ends. A forced
+/// reply is held back whole.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolCallMode mode = {})
-      : mode_(std::move(mode)), in_call_(mode_.kind != ToolCallMode::Kind::kHermes) {}
+      : mode_(std::move(mode)), in_call_(!mode_.free_text()) {}
   /// The content of `piece` (and of earlier held-back text) that can go out now.
   std::string push(const std::string& piece);
   /// At the reply's end: the content not yet sent (the held-back text, or all of it from the tag

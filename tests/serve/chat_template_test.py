@@ -30,13 +30,19 @@ TEMPLATE = ("{{ bos_token }}{% for message in messages %}\n"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  What is the capital of France? "}]
 
 
-def tokenizer_dir(parent, template):
-    """A copy of the GPT-2 tokenizer with `template` as its chat_template."""
+def tokenizer_dir(parent, template, special_tokens=()):
+    """A copy of the GPT-2 tokenizer with `template` as its chat_template, and `special_tokens`
+    added as special tokens 50257, 50258, ..."""
     path = pathlib.Path(parent)
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(TOKENIZER / name, path / name)
     config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
               "unk_token": "<|endoftext|>", "chat_template": template}
+    if special_tokens:
+        added = {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+        config["added_tokens_decoder"] = {str(50256 + i): dict(added, content=token)
+                                          for i, token in enumerate(("<|endoftext|>",) + tuple(special_tokens))}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path
 
@@ -50,7 +56,7 @@ def transformers_prompt(directory, messages):
     return text, list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def scripted_gpt2(directory, scripts):
+def scripted_gpt2(directory, scripts, vocab_size=50257):
     """A one-layer GPT-2 saved in `directory` whose greedy reply to a prompt of length P is
     scripts[P] (token ids): its blocks are zeroed and the position embedding at P - 1 + i points at
     the script's i-th token (30 times its embedding, so that token wins the tied head's argmax).
@@ -58,7 +64,7 @@ def scripted_gpt2(directory, scripts):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=1, n_head=2,
+    config = GPT2Config(vocab_size=vocab_size, n_positions=512, n_embd=64, n_layer=1, n_head=2,
                         bos_token_id=50256, eos_token_id=50256)
     model = GPT2LMHeadModel(config).eval()
     with torch.no_grad():
@@ -87,6 +93,17 @@ def two_scripted_prompts(directory, asks, texts, tools=None):
     for prompt, script in zip(ids, scripts):
         assert greedy_ids(model, prompt, len(script) + 8) == script, "the scripted model does not follow its script"
     return ids
+
+
+def after_the_call(messages, call):
+    """The next turn after a reply's tool call: the call and its result, as OpenAI's clients send
+    them, and as transformers' templates take them (arguments as a dict)."""
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}
+    sent = {"id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": call.function.arguments}}
+    parsed = dict(sent, function={"name": call.function.name, "arguments": json.loads(call.function.arguments)})
+    return (messages + [{"role": "assistant", "content": None, "tool_calls": [sent]}, result],
+            messages + [{"role": "assistant", "content": None, "tool_calls": [parsed]}, result])
 
 
 def greedy_ids(model, ids, max_new_tokens):
@@ -191,17 +208,9 @@ class ChatTemplateServeTest(unittest.TestCase):
                 chunks = list(client.chat.completions.create(**ask, stream=True))
                 # The next turn: the call and its result, rendered as transformers renders them.
                 call = answer.choices[0].message.tool_calls[0]
-                turns = messages + [
-                    {"role": "assistant", "content": None, "tool_calls": [
-                        {"id": call.id, "type": "function",
-                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-                    {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+                turns, hf_turns = after_the_call(messages, call)
                 follow_up = client.chat.completions.create(**dict(ask, messages=turns, max_tokens=2))
                 plain = client.chat.completions.create(**dict(ask, tool_choice="none", max_tokens=2))
-            hf_turns = [dict(t) for t in turns]
-            hf_turns[1] = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": json.loads(call.function.arguments)}}]}
             follow_up_ids = template_ids(tokenizer, hf_turns, tools=tools)
             no_tools_ids = template_ids(tokenizer, messages)
 
@@ -227,6 +236,51 @@ class ChatTemplateServeTest(unittest.TestCase):
         self.assertEqual(follow_up.usage.prompt_tokens, len(follow_up_ids))
         self.assertEqual(plain.usage.prompt_tokens, len(no_tools_ids))  # tool_choice "none": no tools offered
         self.assertIsNone(plain.choices[0].message.tool_calls)
+
+    def test_mistral_tool_calls_from_a_scripted_model(self):
+        """Tools with Mistral v0.3's template, whose tokenizer makes [TOOL_CALLS] a special token
+        (here added to the GPT-2 files as id 50257): a scripted model's "[TOOL_CALLS] [...]" reply
+        comes back as tool_calls (ids of 9 letters and digits, as the template requires of the next
+        turn), whole and streamed, and the next turn with the call and its result renders to the
+        length transformers' apply_chat_template gives."""
+        from transformers import AutoTokenizer
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/mistral-v0.3.jinja"
+                    ).read_text()
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        with tempfile.TemporaryDirectory(prefix="dschat-mistral-tools-") as tmp:
+            directory = tokenizer_dir(tmp, template, special_tokens=["[TOOL_CALLS]"])
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            ids = template_ids(tokenizer, messages, tools=tools)
+            self.assertEqual(tokenizer.convert_tokens_to_ids("[TOOL_CALLS]"), 50257)
+            script = ([50257] + tokenizer(' [{"name": "get_weather", "arguments": {"city": "Paris"}}]')["input_ids"]
+                      + [50256])
+            model = scripted_gpt2(directory, {len(ids): script}, vocab_size=50258)
+            self.assertEqual(greedy_ids(model, ids, len(script) + 4), script, "the scripted model does not follow it")
+            with ServedModels(models=[f"mistral={directory}"], tokenizer=directory) as server:
+                client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+                ask = dict(model="mistral", messages=messages, tools=tools, max_tokens=len(script) + 4, temperature=0)
+                answer = client.chat.completions.create(**ask)
+                chunks = list(client.chat.completions.create(**ask, stream=True))
+                call = answer.choices[0].message.tool_calls[0]
+                turns, hf_turns = after_the_call(messages, call)
+                follow_up = client.chat.completions.create(**dict(ask, messages=turns, max_tokens=2))
+            follow_up_ids = template_ids(tokenizer, hf_turns, tools=tools)
+        self.assertEqual(answer.usage.prompt_tokens, len(ids))
+        choice = answer.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertIsNone(choice.message.content)
+        self.assertEqual(len(choice.message.tool_calls), 1)
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
+        self.assertRegex(call.id, r"^[A-Za-z0-9]{9}$")
+        streamed_calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        self.assertEqual([(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in streamed_calls],
+                         [(0, "get_weather", {"city": "Paris"})])
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), "")
+        self.assertEqual(follow_up.usage.prompt_tokens, len(follow_up_ids))
 
     def test_json_mode_keeps_the_reply_one_object(self):
         """response_format json_object on a scripted model (scripted_gpt2) with two prompts: one

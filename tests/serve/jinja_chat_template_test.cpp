@@ -12,6 +12,7 @@
 #include "dschat/models/load_save.h"
 #include "dschat/serve/batch_scheduler.h"
 #include "dschat/serve/chat_template.h"
+#include "dschat/serve/text_stream.h"
 #include "test_util.h"
 
 namespace dschat {
@@ -45,6 +46,25 @@ std::filesystem::path tokenizer_dir(const testing::TempDir& tmp, const std::stri
                        {"chat_template", chat_template}};
   std::ofstream(tmp / "tokenizer_config.json") << config.dump();
   return tmp.path();
+}
+
+// A special token the tool-call parser needs (Mistral's [TOOL_CALLS]) keeps its text in the
+// answer; the other special tokens are dropped as before, and the runs around it decode as usual.
+TEST(TextStreamKeptSpecialTokens, KeepTheirTextAndTheRestDecodesAsBefore) {
+  testing::TempDir tmp;
+  const auto tokenizer = tokenizer::Tokenizer::load(tokenizer_dir(tmp, kChatMl));
+  std::vector<int64_t> ids = tokenizer.encode("Checking.", false);
+  ids.push_back(50257);  // <|im_end|>, special
+  for (int64_t id : tokenizer.encode(" [{\"name\": \"f\"}]", false)) ids.push_back(id);
+  ids.push_back(50256);  // <|endoftext|>, special and not kept
+  const auto stream_text = [&](std::vector<int64_t> kept) {
+    TextStream stream(&tokenizer, {}, false, std::move(kept));
+    std::string text;
+    for (int64_t id : ids) text += stream.push(id);
+    return text + stream.finish();
+  };
+  EXPECT_EQ(stream_text({}), "Checking. [{\"name\": \"f\"}]");
+  EXPECT_EQ(stream_text({50257}), "Checking.<|im_end|> [{\"name\": \"f\"}]");
 }
 
 TEST(JinjaChatTemplate, TheTokenizerDirectorysTemplateIsUsedWithItsEndOfTurnToken) {
@@ -118,7 +138,8 @@ TEST(JinjaChatTemplate, WhatCannotBeRenderedIsRefusedNamingFileConstructAndPosit
 }
 
 // Templates that list `tools` and show <tool_call> blocks (Qwen2.5, Qwen3) offer Hermes-style tool
-// calls, and render the tools they are given; the others offer none.
+// calls, and render the tools they are given; Mistral v0.3's [TOOL_CALLS] list is Mistral's
+// format; the others offer none.
 TEST(JinjaChatTemplate, HermesTemplatesOfferToolCalls) {
   const auto load = [](const std::string& name) {
     std::ifstream in(testing::fixture("chat_templates") / (name + ".jinja"));
@@ -128,7 +149,7 @@ TEST(JinjaChatTemplate, HermesTemplatesOfferToolCalls) {
     testing::TempDir tmp;
     const ChatTemplate chat = select_chat_template("", tokenizer::Tokenizer::load(tokenizer_dir(tmp, load(name))));
     const bool hermes = name.rfind("qwen", 0) == 0;
-    EXPECT_EQ(chat.tool_call_format, hermes ? "hermes" : "") << name;
+    EXPECT_EQ(chat.tool_call_format, hermes ? "hermes" : name == "mistral-v0.3" ? "mistral" : "") << name;
     if (!hermes) continue;
     const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
         R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");

@@ -64,16 +64,14 @@ TEST(HermesToolCalls, BlocksThatAreNotCallsLeaveAllTheTextAsContent) {
 
 // Streamed in pieces of every size, the content sent plus finish()'s equals the whole reply's
 // content, and the calls are the same; no piece of the tag or the calls' JSON goes out as content.
-TEST(HermesToolCalls, StreamedInAnySplitGivesTheWholeReplysContentAndCalls) {
-  const std::vector<std::string> replies = {kTwoCalls, "no calls, but <tool and <tool_ca and a trailing <tool_c",
-                                            "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
-                                            "text <tool_call> not json", "x<tool_call>"};
+void expect_any_split_gives_the_whole_reply(const std::vector<std::string>& replies, const ToolCallMode& mode,
+                                            const std::string& tag) {
   std::mt19937 random(3);
   for (const std::string& text : replies) {
-    const ParsedReply whole = parse_hermes_tool_calls(text);
+    const ParsedReply whole = parse_tool_calls(text, mode);
     const std::string want_content = whole.content.is_null() ? "" : whole.content.get<std::string>();
     for (int trial = 0; trial < 40; ++trial) {
-      ToolCallStream stream;
+      ToolCallStream stream(mode);
       std::string sent;
       for (size_t at = 0; at < text.size();) {
         const size_t piece = trial == 0 ? 1 : 1 + random() % 7;  // trial 0: character by character
@@ -81,7 +79,7 @@ TEST(HermesToolCalls, StreamedInAnySplitGivesTheWholeReplysContentAndCalls) {
         sent += out;
         at += piece;
         if (!whole.tool_calls.empty()) {
-          EXPECT_EQ(sent.find("<tool_call"), std::string::npos) << text;  // the tag never leaks
+          EXPECT_EQ(sent.find(tag.substr(0, tag.size() - 1)), std::string::npos) << text;  // the tag never leaks
         }
       }
       const ParsedReply last = stream.finish();
@@ -93,6 +91,45 @@ TEST(HermesToolCalls, StreamedInAnySplitGivesTheWholeReplysContentAndCalls) {
       }
     }
   }
+}
+
+TEST(HermesToolCalls, StreamedInAnySplitGivesTheWholeReplysContentAndCalls) {
+  expect_any_split_gives_the_whole_reply({kTwoCalls, "no calls, but <tool and <tool_ca and a trailing <tool_c",
+                                          "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                                          "text <tool_call> not json", "x<tool_call>"},
+                                         ToolCallMode{}, "<tool_call>");
+}
+
+void expect_mistral_call(const Json& call, const std::string& name, const std::string& arguments) {
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], name);
+  EXPECT_EQ(call["function"]["arguments"], arguments);
+  const std::string id = call["id"].get<std::string>();  // Mistral's template takes 9 letters and digits
+  EXPECT_EQ(id.size(), 9u) << id;
+  EXPECT_EQ(id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"), std::string::npos);
+}
+
+TEST(MistralToolCalls, ContentBeforeTheTagAndEachListItemACall) {
+  ParsedReply reply = parse_mistral_tool_calls(
+      R"(Checking.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time"}])");
+  EXPECT_EQ(reply.content, "Checking.");
+  ASSERT_EQ(reply.tool_calls.size(), 2u);
+  expect_mistral_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris"})");
+  expect_mistral_call(reply.tool_calls[1], "get_time", "{}");
+  reply = parse_mistral_tool_calls(R"([TOOL_CALLS]{"name": "f", "arguments": {"x": 1}})");  // one object
+  EXPECT_TRUE(reply.content.is_null());
+  ASSERT_EQ(reply.tool_calls.size(), 1u);
+  expect_mistral_call(reply.tool_calls[0], "f", R"({"x":1})");
+  for (const std::string text : {std::string("plain"), std::string(R"([TOOL_CALLS] [{"name": "f", "argu)"),
+                                 std::string("[TOOL_CALLS] []"), std::string(R"([TOOL_CALLS] [{"arguments": {}}])")}) {
+    reply = parse_mistral_tool_calls(text);
+    EXPECT_TRUE(reply.tool_calls.empty()) << text;
+    EXPECT_EQ(reply.content, text);
+  }
+  expect_any_split_gives_the_whole_reply(
+      {R"(Checking.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}])",
+       "no calls, but [TOOL and [TOOL_CAL and a trailing [TOOL_CALLS", R"([TOOL_CALLS] [{"name": "f"}])"},
+      ToolCallMode{ToolCallMode::Kind::kMistral, ""}, "[TOOL_CALLS]");
 }
 
 ApiRequest chat(const std::string& extra) {

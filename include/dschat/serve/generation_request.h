@@ -37,6 +37,7 @@ struct SamplingParams {
   std::vector<std::string> stop;  // the client's stop strings and the chat template's
   bool trim_leading_space = false;  // chat replies drop the space after "Assistant:"
   std::vector<int64_t> stop_token_ids;  // ids that end an answer besides eos (a chat template's end of turn)
+  std::vector<int64_t> kept_special_ids;  // special tokens whose text stays in the answer (TextStream)
   int64_t logprobs = -1;     // >= 0: each token's log-prob and this many most likely ones; -1: none
   bool echo = false;         // completions: each choice starts with its prompt (and its log-probs)
   // The answer is a JSON text this schema allows (response_format json_object / json_schema, a

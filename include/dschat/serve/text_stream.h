@@ -18,8 +18,11 @@ namespace serve {
 class TextStream {
  public:
   /// `stops`: strings that end the answer (empty ones are ignored). `trim_leading_space`: drop
-  /// the answer's leading whitespace (a chat reply after "Assistant: ").
-  TextStream(const tokenizer::Tokenizer* tokenizer, std::vector<std::string> stops, bool trim_leading_space);
+  /// the answer's leading whitespace (a chat reply after "Assistant: "). `kept_special_ids`:
+  /// special tokens whose text stays in the answer (Mistral's [TOOL_CALLS], which the tool-call
+  /// parser looks for); the others are dropped, as decode's skip_special_tokens drops them.
+  TextStream(const tokenizer::Tokenizer* tokenizer, std::vector<std::string> stops, bool trim_leading_space,
+             std::vector<int64_t> kept_special_ids = {});
 
   /// Adds one generated id; returns the newly final text (often empty). After a stop string
   /// matched, stopped() is true and further ids are ignored.
@@ -41,6 +44,7 @@ class TextStream {
   const tokenizer::Tokenizer* tokenizer_;
   std::vector<std::string> stops_;
   bool trim_leading_space_;
+  std::vector<int64_t> kept_special_ids_;
   std::vector<int64_t> ids_;
   std::string text_;     // decoded() as of the last push
   std::string emitted_;  // the prefix of text_ handed out
