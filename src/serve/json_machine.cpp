@@ -1,5 +1,6 @@
 #include "serve/json_machine.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -280,10 +281,16 @@ JsonMachine::Step JsonMachine::number(Path& path, char c) const {
 JsonMachine::Step JsonMachine::enumeration(Path& path, char c) const {
   const std::vector<std::string>& values = at(path.value_node).values;
   const bool whole = values[path.lo].size() == path.at;  // the shortest candidate sorts first
-  uint32_t lo = path.lo;
-  while (lo < path.hi && (values[lo].size() <= path.at || values[lo][path.at] != c)) ++lo;
-  uint32_t hi = lo;
-  while (hi < path.hi && values[hi].size() > path.at && values[hi][path.at] == c) ++hi;
+  // In the range, ordered by the byte at `at` (a candidate ending there first): binary search.
+  const size_t position = path.at;
+  const auto key = [position](const std::string& value) {
+    return value.size() > position ? static_cast<int>(static_cast<unsigned char>(value[position])) : -1;
+  };
+  const int wanted = static_cast<unsigned char>(c);
+  const auto first = values.begin() + path.lo, last = values.begin() + path.hi;
+  const auto from = std::partition_point(first, last, [&](const std::string& v) { return key(v) < wanted; });
+  const auto to = std::partition_point(from, last, [&](const std::string& v) { return key(v) == wanted; });
+  const auto lo = static_cast<uint32_t>(from - values.begin()), hi = static_cast<uint32_t>(to - values.begin());
   if (lo == hi) return whole ? end_then(path, c) : Step::kRefused;
   path.lo = lo;
   path.hi = hi;

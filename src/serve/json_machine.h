@@ -26,7 +26,7 @@ class JsonMachine {
  public:
   static constexpr int kMaxDepth = 32;
   static constexpr int kMaxWhitespace = 16;
-  static constexpr int kMaxPaths = 16;
+  static constexpr int kMaxPaths = 64;  // an anyOf's branches read side by side (json_schema.h bounds them)
   static constexpr int kMaxDigits = 20;         // an integer part, a fraction
   static constexpr int kMaxExponentDigits = 2;   // up to 1e119: never beyond a double
 
@@ -96,7 +96,7 @@ class JsonMachine {
   const JsonSchemaNode& at(int32_t node) const { return schema_->nodes[static_cast<size_t>(node)]; }
 
   const JsonSchema* schema_;
-  uint8_t count_;
+  uint8_t count_;  // paths in use
   std::array<Path, kMaxPaths> paths_;  // [count_] in use
 };
 

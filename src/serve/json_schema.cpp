@@ -23,6 +23,9 @@ const std::set<std::string> kStructural = {"type", "properties", "required", "ad
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
                                            "nullable"};
 
+// The byte machine follows at most this many branches at once (JsonMachine::kMaxPaths).
+constexpr size_t kMaxBranches = 64;
+
 ApiError bad_schema(const std::string& where, const std::string& rule) {
   return ApiError(400, "'" + where + "' " + rule, where);
 }
@@ -216,6 +219,10 @@ class Compiler {
   }
 
   int32_t any_of(const std::vector<SchemaJson>& branches, const std::string& where) {
+    if (branches.size() > kMaxBranches) {
+      throw bad_schema(where, "has " + std::to_string(branches.size()) + " branches; at most " +
+                                  std::to_string(kMaxBranches) + " are followed");
+    }
     const int32_t index = add(JsonSchemaNode{});
     JsonSchemaNode node;
     node.kind = Kind::kAnyOf;
@@ -321,6 +328,10 @@ class Compiler {
       std::vector<int32_t>& list = leaves[i];
       std::sort(list.begin(), list.end());
       list.erase(std::unique(list.begin(), list.end()), list.end());
+      if (list.size() > kMaxBranches) {
+        throw bad_schema(where_, "has an anyOf of " + std::to_string(list.size()) + " branches with the ones nested "
+                                 "in it; at most " + std::to_string(kMaxBranches) + " are followed");
+      }
       nodes[i].branches = std::move(list);
     }
   }

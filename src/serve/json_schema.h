@@ -7,7 +7,8 @@
 // object with declared properties takes no others.
 //
 // Supported: type (one or a list), properties, required, additionalProperties (for objects
-// without properties), items, minItems, maxItems, enum, const, anyOf / oneOf, $ref to "#",
+// without properties), items, minItems, maxItems, enum, const, anyOf / oneOf (at most 64
+// branches, nested ones counted; a text that would need more at once is refused), $ref to "#",
 // "#/$defs/..." or "#/definitions/..." (recursion included), and the annotations (title,
 // description, default, examples, ...). Any other keyword (pattern, format, minimum, ...) is
 // refused by name: the constraint would be silently dropped otherwise.

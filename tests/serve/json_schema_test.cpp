@@ -258,6 +258,46 @@ TEST(JsonSchemaMachine, RandomWalksNeverDeadEndAndEndOnlyInValidTexts) {
   }
 }
 
+// tool_choice "required" over many tools: every branch begins alike ({"name": "tool_), so the
+// machine follows all 40 side by side until the name tells them apart; no walk dead-ends.
+TEST(JsonSchemaMachine, FortyBranchesThatBeginAlikeAreFollowedTogether) {
+  Json branches = Json::array();
+  for (int i = 0; i < 40; ++i) {
+    const Json parameters = {{"type", "object"}, {"properties", {{"x" + std::to_string(i), {{"type", "integer"}}}}}};
+    branches.push_back({{"type", "object"},
+                        {"properties", {{"name", {{"const", "tool_" + std::to_string(i)}}}, {"parameters", parameters}}},
+                        {"required", {"name", "parameters"}}});
+  }
+  const Json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", branches}}}};
+  const auto compiled = compile_json_schema(schema, "s");
+  JsonMachine machine(*compiled);
+  EXPECT_TRUE(machine.feed(R"([{"name": "tool_39", "parameters": {"x39": 7}}, {"name": "tool_3", "parameters": {}}])"));
+  EXPECT_TRUE(machine.complete());
+  JsonMachine wrong(*compiled);
+  EXPECT_FALSE(wrong.feed(R"([{"name": "tool_39", "parameters": {"x3": 7}})"));
+  std::mt19937 random(4);
+  for (int walk = 0; walk < 40; ++walk) {
+    JsonMachine walker(*compiled);
+    std::string text;
+    for (int step = 0; step < 200 && !(walker.complete() && random() % 4 == 0); ++step) {
+      std::vector<char> allowed;
+      for (int byte = 1; byte < 128; ++byte) {
+        JsonMachine probe = walker;
+        if (probe.feed(static_cast<char>(byte))) allowed.push_back(static_cast<char>(byte));
+      }
+      ASSERT_FALSE(allowed.empty() && !walker.complete()) << "dead end after " << quoted(text);
+      if (allowed.empty()) break;
+      const char c = allowed[random() % allowed.size()];
+      ASSERT_TRUE(walker.feed(c));
+      text += c;
+    }
+    if (walker.complete()) EXPECT_TRUE(text_validates(text, schema)) << quoted(text);
+  }
+  Json too_many = branches;
+  for (int i = 0; i < 25; ++i) too_many.push_back(branches[0]);
+  EXPECT_THROW(compile_json_schema({{"anyOf", too_many}}, "s"), ApiError);
+}
+
 TEST(JsonSchemaMachine, NumbersAreBoundedToWhatAnInt64OrADoubleHolds) {
   const auto compiled = compile_json_schema(Json::parse(R"({"type": "number"})"), "schema");
   const auto accepts = [&](const std::string& text) {
