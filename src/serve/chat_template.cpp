@@ -135,12 +135,16 @@ ChatTemplate jinja_chat_template(const tokenizer::ChatTemplateSource& source, co
   }
   // A template that lists `tools` and shows the model <tool_call> blocks asks for Hermes-style
   // calls (what vLLM's "hermes" parser reads: Qwen2.5, Qwen3, NousResearch's Hermes); one that
-  // shows a [TOOL_CALLS] list, for Mistral's (vLLM's "mistral" parser).
-  if (source.text.find("tools") != std::string::npos) {
-    if (source.text.find("<tool_call>") != std::string::npos) {
+  // shows a [TOOL_CALLS] list, for Mistral's (vLLM's "mistral" parser); one with LLaMA-3.1's
+  // <|python_tag|> and {"name", "parameters"} replies, for LLaMA's (vLLM's "llama3_json").
+  const auto has = [&](const char* text) { return source.text.find(text) != std::string::npos; };
+  if (has("tools")) {
+    if (has("<tool_call>")) {
       chat.tool_call_format = "hermes";
-    } else if (source.text.find("[TOOL_CALLS]") != std::string::npos) {
+    } else if (has("[TOOL_CALLS]")) {
       chat.tool_call_format = "mistral";
+    } else if (has("<|python_tag|>") && has("\"parameters\"")) {
+      chat.tool_call_format = "llama3_json";
     }
   }
   return chat;

@@ -34,10 +34,12 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
                               "named function works with any model",
                      "tools");
     }
-    if (auto_calls && slot.chat_template.tool_call_format == "mistral") {
-      api.tool_calls->kind = ToolCallMode::Kind::kMistral;
-      // Mistral's tokenizers make [TOOL_CALLS] a special token: its text must reach the parser.
-      const std::optional<int64_t> tag = tokenizer.token_to_id("[TOOL_CALLS]");
+    const std::string& format = slot.chat_template.tool_call_format;
+    if (auto_calls && (format == "mistral" || format == "llama3_json")) {
+      const bool mistral = format == "mistral";
+      api.tool_calls->kind = mistral ? ToolCallMode::Kind::kMistral : ToolCallMode::Kind::kLlama3Json;
+      // Their tokenizers make the call tag a special token: its text must reach the parser.
+      const std::optional<int64_t> tag = tokenizer.token_to_id(mistral ? "[TOOL_CALLS]" : "<|python_tag|>");
       if (tag && tokenizer.is_special(*tag)) api.params.kept_special_ids.push_back(*tag);
     }
     // A forced call is shaped by its schema whatever the template; a Jinja template still sees the

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <random>
 
+#include "serve/json_machine.h"
+#include "serve/json_mode.h"
+
 namespace dschat {
 namespace serve {
 namespace {
@@ -12,6 +15,7 @@ constexpr const char* kCallClose = "</tool_call>";
 constexpr size_t kCallOpenLength = 11;
 constexpr size_t kCallCloseLength = 12;
 constexpr const char* kMistralCalls = "[TOOL_CALLS]";
+constexpr const char* kPythonTag = "<|python_tag|>";
 
 // OpenAI's form, "call_" and 24 random hex digits (unique enough within a conversation, as
 // OpenAI's are), or Mistral's: 9 letters and digits (its template refuses any other).
@@ -42,6 +46,11 @@ bool read_call(const nlohmann::ordered_json& object, const char* arguments, nloh
   if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
   call = openai_call(object["name"].get<std::string>(), object.value(arguments, nlohmann::ordered_json::object()));
   return true;
+}
+
+// LLaMA's objects name their arguments "parameters" (or "arguments", as vLLM also takes).
+bool read_llama_call(const nlohmann::ordered_json& object, nlohmann::ordered_json& call) {
+  return read_call(object, object.is_object() && object.contains("arguments") ? "arguments" : "parameters", call);
 }
 
 bool read_call(const std::string& block, nlohmann::ordered_json& call) {
@@ -110,10 +119,39 @@ ParsedReply parse_mistral_tool_calls(const std::string& text) {
   return reply;
 }
 
+ParsedReply parse_llama3_json_tool_calls(const std::string& text) {
+  const ParsedReply none{text, nlohmann::ordered_json::array()};
+  const bool tagged = text.rfind(kPythonTag, 0) == 0;
+  if (!tagged && text.rfind('{', 0) != 0) return none;
+  const auto blank = [&](size_t at) {
+    return at < text.size() && (text[at] == ' ' || text[at] == '\t' || text[at] == '\r' || text[at] == '\n');
+  };
+  ParsedReply reply;
+  for (size_t at = tagged ? std::string(kPythonTag).size() : 0; at < text.size();) {
+    // The object ends where a machine reading one object closes (a string may hold '}' or ';').
+    JsonMachine object(*json_object_schema());
+    size_t end = at;
+    while (end < text.size() && !object.closed()) {
+      if (!object.feed(text[end++])) return none;
+    }
+    if (!object.closed()) return none;  // cut short by max_tokens
+    nlohmann::ordered_json call;
+    if (!read_llama_call(nlohmann::ordered_json::parse(text.substr(at, end - at)), call)) return none;
+    reply.tool_calls.push_back(std::move(call));
+    for (at = end; blank(at);) ++at;
+    if (at == text.size()) break;
+    if (text[at] != ';') return none;
+    ++at;
+  }
+  if (reply.tool_calls.empty()) return none;
+  return reply;
+}
+
 ParsedReply parse_tool_calls(const std::string& text, const ToolCallMode& mode) {
   switch (mode.kind) {
     case ToolCallMode::Kind::kHermes: return parse_hermes_tool_calls(text);
     case ToolCallMode::Kind::kMistral: return parse_mistral_tool_calls(text);
+    case ToolCallMode::Kind::kLlama3Json: return parse_llama3_json_tool_calls(text);
     default: return parse_forced_tool_calls(text, mode);
   }
 }
@@ -125,6 +163,21 @@ std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std:
 std::string ToolCallStream::push(const std::string& piece) {
   text_ += piece;
   if (in_call_) return "";
+  if (mode_.kind == ToolCallMode::Kind::kLlama3Json && !content_only_) {
+    // A LLaMA call is the whole reply: held back while it starts like one ("{" or the tag).
+    const std::string tag = kPythonTag;
+    if (text_.empty() || (text_.size() < tag.size() && tag.compare(0, text_.size(), text_) == 0)) return "";
+    if (text_[0] == '{' || text_.rfind(tag, 0) == 0) {
+      in_call_ = true;
+      return "";
+    }
+    content_only_ = true;
+  }
+  if (content_only_) {  // a reply that did not start as a call makes none
+    std::string out = text_.substr(sent_);
+    sent_ = text_.size();
+    return out;
+  }
   const std::string tag = call_tag(mode_);
   const size_t found = text_.find(tag, sent_ >= tag.size() ? sent_ - tag.size() : 0);
   size_t safe = text_.size();  // content up to here can go out
@@ -149,6 +202,7 @@ std::string ToolCallStream::push(const std::string& piece) {
 ParsedReply ToolCallStream::finish() {
   ParsedReply reply = parse_tool_calls(text_, mode_);
   if (!mode_.free_text()) return reply;  // nothing was sent before
+  if (mode_.kind == ToolCallMode::Kind::kLlama3Json && !reply.tool_calls.empty()) return reply;  // all of it calls
   if (reply.tool_calls.empty()) {
     reply.content = text_.substr(sent_);  // no calls: what was held back is content
   } else {

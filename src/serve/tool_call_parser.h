@@ -30,17 +30,23 @@ ParsedReply parse_hermes_tool_calls(const std::string& text);
 /// Call ids are 9 letters and digits, the form Mistral's template requires of the next turn.
 ParsedReply parse_mistral_tool_calls(const std::string& text);
 
+/// LLaMA 3.1's calls, read as vLLM's "llama3_json" parser reads them: a reply that starts with
+/// "{" (or "<|python_tag|>") is one or more JSON objects {"name", "parameters" (or "arguments")}
+/// separated by ";", each a call, and no content; anything else is all content.
+ParsedReply parse_llama3_json_tool_calls(const std::string& text);
+
 /// How a reply carries its calls. tool_choice "auto": in free text, kHermes (<tool_call> blocks,
-/// as above) or kMistral (a [TOOL_CALLS] list), as the model's template shows them. A forced
+/// as above), kMistral (a [TOOL_CALLS] list) or kLlama3Json (the reply is the calls), as the
+/// model's template shows them. A forced
 /// tool_choice makes the whole reply JSON through schema-guided decoding (json_schema.h), as vLLM
 /// does: kRequired ("required") a list of {"name", "parameters"}, kNamed (a named function) that
 /// function's arguments.
 struct ToolCallMode {
-  enum class Kind { kHermes, kMistral, kRequired, kNamed };
+  enum class Kind { kHermes, kMistral, kLlama3Json, kRequired, kNamed };
   Kind kind = Kind::kHermes;
   std::string function;  // kNamed
   /// The calls come in free text after a tag (not forced by a schema).
-  bool free_text() const { return kind == Kind::kHermes || kind == Kind::kMistral; }
+  bool free_text() const { return kind == Kind::kHermes || kind == Kind::kMistral || kind == Kind::kLlama3Json; }
 };
 
 /// The calls of a whole reply. A forced reply that is not whole JSON (it hit max_tokens) makes no
@@ -53,8 +59,8 @@ std::string tool_finish_reason(const ToolCallMode& mode, bool called, const std:
 
 /// The same for a streamed reply: content goes out as it comes, up to where the mode's tag
 /// (<tool_call>, [TOOL_CALLS]) may begin (a piece that could be the start of the tag is held back
-/// until it is not); from the tag on, the text is kept and parsed once the reply ends. A forced
-/// reply is held back whole.
+/// until it is not); from the tag on, the text is kept and parsed once the reply ends. A LLaMA
+/// reply that starts as a call, and a forced reply, are held back whole.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolCallMode mode = {})
@@ -71,6 +77,7 @@ class ToolCallStream {
   std::string text_;     // the whole reply so far
   size_t sent_ = 0;      // characters of text_ already returned as content
   bool in_call_ = false;  // the tag was seen: nothing more goes out before finish()
+  bool content_only_ = false;  // LLaMA: the reply did not start as a call, so it is all content
 };
 
 }  // namespace serve

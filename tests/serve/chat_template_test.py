@@ -237,31 +237,30 @@ class ChatTemplateServeTest(unittest.TestCase):
         self.assertEqual(plain.usage.prompt_tokens, len(no_tools_ids))  # tool_choice "none": no tools offered
         self.assertIsNone(plain.choices[0].message.tool_calls)
 
-    def test_mistral_tool_calls_from_a_scripted_model(self):
-        """Tools with Mistral v0.3's template, whose tokenizer makes [TOOL_CALLS] a special token
-        (here added to the GPT-2 files as id 50257): a scripted model's "[TOOL_CALLS] [...]" reply
-        comes back as tool_calls (ids of 9 letters and digits, as the template requires of the next
-        turn), whole and streamed, and the next turn with the call and its result renders to the
-        length transformers' apply_chat_template gives."""
+    def serve_a_scripted_call(self, template_name, reply_text, special_tokens=()):
+        """Serves a scripted model (scripted_gpt2) with fixtures/chat_templates/`template_name`
+        whose greedy reply to a weather question with one tool is the tokens of `reply_text`
+        (each of `special_tokens` written in it becomes that added token) then eos; asks it whole
+        and streamed, then the next turn with the call and its result. Checks the prompt lengths
+        against transformers' apply_chat_template and that the call, whole and streamed, is
+        get_weather(city="Paris") with no content. Returns the answer's call."""
         from transformers import AutoTokenizer
-        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/mistral-v0.3.jinja"
-                    ).read_text()
+        template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates" / template_name).read_text()
         tools = [{"type": "function", "function": {
             "name": "get_weather", "description": "The weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-        with tempfile.TemporaryDirectory(prefix="dschat-mistral-tools-") as tmp:
-            directory = tokenizer_dir(tmp, template, special_tokens=["[TOOL_CALLS]"])
+        with tempfile.TemporaryDirectory(prefix="dschat-scripted-call-") as tmp:
+            directory = tokenizer_dir(tmp, template, special_tokens=special_tokens)
             tokenizer = AutoTokenizer.from_pretrained(str(directory))
             ids = template_ids(tokenizer, messages, tools=tools)
-            self.assertEqual(tokenizer.convert_tokens_to_ids("[TOOL_CALLS]"), 50257)
-            script = ([50257] + tokenizer(' [{"name": "get_weather", "arguments": {"city": "Paris"}}]')["input_ids"]
-                      + [50256])
-            model = scripted_gpt2(directory, {len(ids): script}, vocab_size=50258)
+            script = tokenizer(reply_text)["input_ids"] + [50256]
+            self.assertEqual(script.count(50257), len(special_tokens))  # the tag is one special token
+            model = scripted_gpt2(directory, {len(ids): script}, vocab_size=50257 + len(special_tokens))
             self.assertEqual(greedy_ids(model, ids, len(script) + 4), script, "the scripted model does not follow it")
-            with ServedModels(models=[f"mistral={directory}"], tokenizer=directory) as server:
+            with ServedModels(models=[f"scripted={directory}"], tokenizer=directory) as server:
                 client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-                ask = dict(model="mistral", messages=messages, tools=tools, max_tokens=len(script) + 4, temperature=0)
+                ask = dict(model="scripted", messages=messages, tools=tools, max_tokens=len(script) + 4, temperature=0)
                 answer = client.chat.completions.create(**ask)
                 chunks = list(client.chat.completions.create(**ask, stream=True))
                 call = answer.choices[0].message.tool_calls[0]
@@ -269,18 +268,33 @@ class ChatTemplateServeTest(unittest.TestCase):
                 follow_up = client.chat.completions.create(**dict(ask, messages=turns, max_tokens=2))
             follow_up_ids = template_ids(tokenizer, hf_turns, tools=tools)
         self.assertEqual(answer.usage.prompt_tokens, len(ids))
-        choice = answer.choices[0]
-        self.assertEqual(choice.finish_reason, "tool_calls")
-        self.assertIsNone(choice.message.content)
-        self.assertEqual(len(choice.message.tool_calls), 1)
-        self.assertEqual(call.function.name, "get_weather")
-        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
-        self.assertRegex(call.id, r"^[A-Za-z0-9]{9}$")
+        self.assertEqual(answer.choices[0].finish_reason, "tool_calls")
+        self.assertIsNone(answer.choices[0].message.content)
+        self.assertEqual(len(answer.choices[0].message.tool_calls), 1)
+        self.assertEqual((call.function.name, json.loads(call.function.arguments)), ("get_weather", {"city": "Paris"}))
         streamed_calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         self.assertEqual([(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in streamed_calls],
                          [(0, "get_weather", {"city": "Paris"})])
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), "")
         self.assertEqual(follow_up.usage.prompt_tokens, len(follow_up_ids))
+        return call
+
+    def test_mistral_tool_calls_from_a_scripted_model(self):
+        """Tools with Mistral v0.3's template, whose tokenizer makes [TOOL_CALLS] a special token
+        (here added to the GPT-2 files as id 50257): a "[TOOL_CALLS] [...]" reply comes back as
+        tool_calls, whole and streamed, its id 9 letters and digits (Mistral's template refuses
+        any other in the next turn, which renders as transformers renders it)."""
+        call = self.serve_a_scripted_call(
+            "mistral-v0.3.jinja", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+            special_tokens=["[TOOL_CALLS]"])
+        self.assertRegex(call.id, r"^[A-Za-z0-9]{9}$")
+
+    def test_llama_tool_calls_from_a_scripted_model(self):
+        """Tools with LLaMA 3.1's template (the tools in the first user turn): a reply that is
+        {"name", "parameters"} comes back as tool_calls with no content, whole and streamed."""
+        call = self.serve_a_scripted_call("llama3.1-instruct.jinja",
+                                          '{"name": "get_weather", "parameters": {"city": "Paris"}}')
+        self.assertTrue(call.id.startswith("call_"), call.id)
 
     def test_json_mode_keeps_the_reply_one_object(self):
         """response_format json_object on a scripted model (scripted_gpt2) with two prompts: one

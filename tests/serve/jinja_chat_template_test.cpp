@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "dschat/core/error.h"
 #include "dschat/inference/generate.h"
@@ -139,18 +140,20 @@ TEST(JinjaChatTemplate, WhatCannotBeRenderedIsRefusedNamingFileConstructAndPosit
 
 // Templates that list `tools` and show <tool_call> blocks (Qwen2.5, Qwen3) offer Hermes-style tool
 // calls, and render the tools they are given; Mistral v0.3's [TOOL_CALLS] list is Mistral's
-// format; the others offer none.
+// format, LLaMA 3.1's <|python_tag|> and {"name", "parameters"} LLaMA's; the others offer none.
 TEST(JinjaChatTemplate, HermesTemplatesOfferToolCalls) {
   const auto load = [](const std::string& name) {
     std::ifstream in(testing::fixture("chat_templates") / (name + ".jinja"));
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  for (const std::string name : {"qwen2.5", "qwen3", "chatml", "llama3-instruct", "mistral-v0.3"}) {
+  const std::map<std::string, std::string> formats = {{"qwen2.5", "hermes"}, {"qwen3", "hermes"}, {"chatml", ""},
+                                                      {"llama3-instruct", ""}, {"mistral-v0.3", "mistral"},
+                                                      {"llama3.1-instruct", "llama3_json"}};
+  for (const auto& [name, format] : formats) {
     testing::TempDir tmp;
     const ChatTemplate chat = select_chat_template("", tokenizer::Tokenizer::load(tokenizer_dir(tmp, load(name))));
-    const bool hermes = name.rfind("qwen", 0) == 0;
-    EXPECT_EQ(chat.tool_call_format, hermes ? "hermes" : name == "mistral-v0.3" ? "mistral" : "") << name;
-    if (!hermes) continue;
+    EXPECT_EQ(chat.tool_call_format, format) << name;
+    if (format != "hermes") continue;
     const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
         R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
     const std::string prompt = chat.render({{"user", "Weather?"}}, true, tools);

@@ -264,9 +264,8 @@ TEST(JsonSchemaMachine, FortyBranchesThatBeginAlikeAreFollowedTogether) {
   Json branches = Json::array();
   for (int i = 0; i < 40; ++i) {
     const Json parameters = {{"type", "object"}, {"properties", {{"x" + std::to_string(i), {{"type", "integer"}}}}}};
-    branches.push_back({{"type", "object"},
-                        {"properties", {{"name", {{"const", "tool_" + std::to_string(i)}}}, {"parameters", parameters}}},
-                        {"required", {"name", "parameters"}}});
+    const Json properties = {{"name", {{"const", "tool_" + std::to_string(i)}}}, {"parameters", parameters}};
+    branches.push_back({{"type", "object"}, {"properties", properties}, {"required", {"name", "parameters"}}});
   }
   const Json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", branches}}}};
   const auto compiled = compile_json_schema(schema, "s");

@@ -217,6 +217,31 @@ TEST(ChatToolRequest, BadToolsAndTurnsNameTheirKey) {
   }
 }
 
+TEST(LlamaToolCalls, AReplyThatStartsAsAnObjectIsItsCallsAndNoContent) {
+  ParsedReply reply = parse_llama3_json_tool_calls(
+      R"({"name": "get_weather", "parameters": {"city": "Paris; {France}"}}; {"name": "get_time", "arguments": {}})");
+  EXPECT_TRUE(reply.content.is_null());
+  ASSERT_EQ(reply.tool_calls.size(), 2u);
+  expect_call(reply.tool_calls[0], "get_weather", R"({"city":"Paris; {France}"})");
+  expect_call(reply.tool_calls[1], "get_time", "{}");
+  reply = parse_llama3_json_tool_calls(R"(<|python_tag|>{"name": "f", "parameters": {"x": 1}})");
+  ASSERT_EQ(reply.tool_calls.size(), 1u);
+  expect_call(reply.tool_calls[0], "f", R"({"x":1})");
+  for (const std::string text : {std::string("Sure: {\"name\": \"f\", \"parameters\": {}}"),  // not at the start
+                                 std::string(R"({"name": "f", "parameters": {"x": )"),          // cut short
+                                 std::string(R"({"parameters": {}})"),                          // no name
+                                 std::string(R"({"name": "f"} and then prose)"), std::string("")}) {
+    reply = parse_llama3_json_tool_calls(text);
+    EXPECT_TRUE(reply.tool_calls.empty()) << text;
+    EXPECT_EQ(reply.content, text);
+  }
+  expect_any_split_gives_the_whole_reply(
+      {R"({"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", "parameters": {}})",
+       R"(<|python_tag|>{"name": "f", "parameters": {}})", "<|pyt is no tag, and prose follows", "plain answer",
+       R"({"name": "f", "parameters": {"cut": )"},
+      ToolCallMode{ToolCallMode::Kind::kLlama3Json, ""}, "<|python_tag|>");
+}
+
 // A forced tool_choice shapes the reply with a schema (vLLM's): "required" a list of {"name",
 // "parameters"} over the tools, a named function its parameters; response_format json_schema its
 // schema, properties in the order the client wrote them.

@@ -1,7 +1,7 @@
 // The Jinja renderer of chat templates against transformers' own rendering (jinja2 with
 // transformers' settings, tests/tokenizer/jinja_oracle.py): byte for byte on the chat templates
 // of Qwen2, Qwen2.5, Qwen3, Mistral-7B-Instruct v0.1/v0.2/v0.3, LLaMA-2-chat, LLaMA-3-instruct,
-// Zephyr and ChatML (tests/fixtures/chat_templates, written after the published templates) over a
+// LLaMA-3.1-instruct (its tool branch too), Zephyr and ChatML (tests/fixtures/chat_templates, written after the published templates) over a
 // set of conversations, and on a template of the remaining constructs; then the errors.
 #include <gtest/gtest.h>
 
@@ -122,6 +122,7 @@ std::vector<Case> all_cases() {
                           {"qwen3", nullptr, "<|im_end|>"},  {"mistral-v0.1", "<s>", "</s>"},
                           {"mistral-v0.2", "<s>", "</s>"},   {"mistral-v0.3", "<s>", "</s>"},
                           {"llama2-chat", "<s>", "</s>"},    {"llama3-instruct", "<|begin_of_text|>", "<|eot_id|>"},
+                          {"llama3.1-instruct", "<|begin_of_text|>", "<|eot_id|>"},
                           {"zephyr", "<s>", "</s>"},         {"chatml", nullptr, "<|im_end|>"}};
   std::vector<Case> cases;
   for (const Model& model : models) {
@@ -135,7 +136,7 @@ std::vector<Case> all_cases() {
       }
     }
   }
-  for (const char* name : {"qwen2.5", "qwen3", "mistral-v0.3"}) {
+  for (const char* name : {"qwen2.5", "qwen3", "mistral-v0.3", "llama3.1-instruct"}) {
     for (bool generation_prompt : {true, false}) {
       Json variables = tool_variables();
       variables["add_generation_prompt"] = generation_prompt;

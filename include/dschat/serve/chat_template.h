@@ -62,7 +62,8 @@ struct ChatTemplate {
   bool add_special_tokens = true;
   /// How the model writes a tool call, when its template offers tools: "hermes" for a template
   /// that takes `tools` and shows <tool_call> blocks (Qwen2.5, Qwen3, Hermes), "mistral" for one
-  /// that shows a [TOOL_CALLS] list (Mistral v0.3 and later); "" for none.
+  /// that shows a [TOOL_CALLS] list (Mistral v0.3 and later), "llama3_json" for one whose replies
+  /// are {"name", "parameters"} objects (LLaMA 3.1 and later); "" for none.
   std::string tool_call_format;
 
   /// The prompt for `messages`, ending with generation_prompt (a Jinja template: with
