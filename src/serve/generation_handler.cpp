@@ -28,10 +28,10 @@ std::vector<std::vector<int64_t>> prompt_ids(const ModelSlot& slot, ApiRequest& 
     const bool auto_calls = api.tool_calls && api.tool_calls->free_text();
     if (auto_calls && slot.chat_template.tool_call_format.empty()) {
       throw ApiError(400, "model '" + api.model + "' has no tool calling: its chat template (" +
-                              slot.chat_template.source + ") does not offer tools as Hermes-style <tool_call> "
-                              "blocks (Qwen2.5, Qwen3, Hermes templates do) or a [TOOL_CALLS] list (Mistral "
-                              "v0.3 does); --chat-template FILE.jinja sets one; tool_choice \"required\" or a "
-                              "named function works with any model",
+                              slot.chat_template.source + ") shows no tool calls the way Qwen2.5/Qwen3/Hermes "
+                              "(<tool_call> blocks), Mistral v0.3 ([TOOL_CALLS]) or LLaMA 3.1 ({\"name\", "
+                              "\"parameters\"} replies) templates do; --chat-template FILE.jinja sets one; "
+                              "tool_choice \"required\" or a named function works with any model",
                      "tools");
     }
     const std::string& format = slot.chat_template.tool_call_format;
@@ -157,7 +157,7 @@ struct StreamState {
 };
 
 // A chat choice's event when the request offered tools: content goes out through the choice's
-// ToolCallStream (up to a <tool_call>), and at the choice's end the rest of its content, its calls
+// ToolCallStream (up to where a call may begin), and at the choice's end the rest of its content, its calls
 // (each with its index, whole: OpenAI's clients join a call's pieces, and one piece is a valid
 // split) and the finish reason (tool_finish_reason).
 template <typename Write>

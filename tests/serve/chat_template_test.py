@@ -339,7 +339,8 @@ class ChatTemplateServeTest(unittest.TestCase):
         sampled: every reply that ends by itself ("stop") is JSON that the `jsonschema` package
         validates against the request's schema (keys in the schema's order), every forced call's
         arguments validate against its tool's parameters, and the same requests without the schema
-        are not JSON at all (the constraint did the work)."""
+        are not JSON at all (the constraint did the work). tool_choice "auto" with this model's
+        format (DeepSpeed-Chat's, no tool calls) is a 400 naming tools."""
         import jsonschema
         schema = {"type": "object", "properties": {
             "color": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"}, "ok": {"type": "boolean"},
@@ -359,6 +360,12 @@ class ChatTemplateServeTest(unittest.TestCase):
             free = client.chat.completions.create(seed=1, **ask).choices
             forced = [c for seed in (1, 2) for c in client.chat.completions.create(
                 tools=tools, tool_choice="required", seed=seed, **ask).choices]
+            # DeepSpeed-Chat's format shows no tool calls: "auto" has nothing to read them by.
+            with self.assertRaises(openai.BadRequestError) as no_format:
+                client.chat.completions.create(tools=tools, seed=1, **ask)
+        self.assertEqual(no_format.exception.body["param"], "tools")
+        self.assertIn("tool_choice \"required\" or a named function works with any model",
+                      no_format.exception.body["message"])
         stopped = [c for c in shaped if c.finish_reason == "stop"]
         self.assertGreaterEqual(len(stopped), 4, [c.message.content for c in shaped])
         for choice in stopped:
