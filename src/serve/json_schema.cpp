@@ -290,7 +290,8 @@ class Compiler {
       throw bad_schema(where + ".$ref", "is not a JSON pointer: " + text);
     }
     if (!root_.contains(path)) throw bad_schema(where + ".$ref", "points at nothing: " + text);
-    // A placeholder anyOf of one branch, so a recursive reference finds its index at once.
+    // The reference is an anyOf of one branch whose index is reserved first, so a recursive
+    // reference inside its target finds it.
     const int32_t index = add(JsonSchemaNode{});
     refs_[text] = index;
     JsonSchemaNode link;

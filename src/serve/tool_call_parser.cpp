@@ -41,10 +41,15 @@ std::string call_tag(const ToolCallMode& mode) {
   return mode.kind == ToolCallMode::Kind::kMistral ? kMistralCalls : kCallOpen;
 }
 
+// The whole reply as content: it made no calls.
+ParsedReply all_content(const std::string& text) { return ParsedReply{text, nlohmann::ordered_json::array()}; }
+
 // One call object -> an OpenAI call; false when it is not {"name": string, `arguments`: ...}.
-bool read_call(const nlohmann::ordered_json& object, const char* arguments, nlohmann::ordered_json& call) {
+bool read_call(const nlohmann::ordered_json& object, const char* arguments, nlohmann::ordered_json& call,
+               bool mistral_id = false) {
   if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
-  call = openai_call(object["name"].get<std::string>(), object.value(arguments, nlohmann::ordered_json::object()));
+  call = openai_call(object["name"].get<std::string>(), object.value(arguments, nlohmann::ordered_json::object()),
+                     mistral_id);
   return true;
 }
 
@@ -68,12 +73,12 @@ ParsedReply parse_forced_tool_calls(const std::string& text, const ToolCallMode&
   if (value.is_array() && !value.empty()) {
     for (const auto& item : value) {
       nlohmann::ordered_json call;
-      if (!read_call(item, "parameters", call)) return ParsedReply{text, nlohmann::ordered_json::array()};
+      if (!read_call(item, "parameters", call)) return all_content(text);
       reply.tool_calls.push_back(std::move(call));
     }
     return reply;
   }
-  return ParsedReply{text, nlohmann::ordered_json::array()};  // cut short: no calls, all content
+  return all_content(text);  // cut short: no calls, all content
 }
 
 }  // namespace
@@ -90,7 +95,7 @@ ParsedReply parse_hermes_tool_calls(const std::string& text) {
     const size_t end = text.find(kCallClose, begin);  // npos: an unclosed last block runs to the end
     nlohmann::ordered_json call;
     if (!read_call(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin), call)) {
-      return ParsedReply{text, nlohmann::ordered_json::array()};  // not calls after all: all of it is content
+      return all_content(text);  // not calls after all: all of it is content
     }
     reply.tool_calls.push_back(std::move(call));
     if (end == std::string::npos) break;
@@ -102,25 +107,23 @@ ParsedReply parse_hermes_tool_calls(const std::string& text) {
 
 ParsedReply parse_mistral_tool_calls(const std::string& text) {
   const size_t tag = text.find(kMistralCalls);
-  if (tag == std::string::npos) return ParsedReply{text, nlohmann::ordered_json::array()};
+  if (tag == std::string::npos) return all_content(text);
   nlohmann::ordered_json list = nlohmann::ordered_json::parse(text.substr(tag + std::string(kMistralCalls).size()),
                                                               nullptr, /*allow_exceptions=*/false);
   if (list.is_object()) list = nlohmann::ordered_json::array({list});
-  if (!list.is_array() || list.empty()) return ParsedReply{text, nlohmann::ordered_json::array()};
+  if (!list.is_array() || list.empty()) return all_content(text);
   ParsedReply reply;
   for (const auto& item : list) {
-    if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) {
-      return ParsedReply{text, nlohmann::ordered_json::array()};
-    }
-    reply.tool_calls.push_back(openai_call(item["name"].get<std::string>(),
-                                           item.value("arguments", nlohmann::ordered_json::object()), true));
+    nlohmann::ordered_json call;
+    if (!read_call(item, "arguments", call, /*mistral_id=*/true)) return all_content(text);
+    reply.tool_calls.push_back(std::move(call));
   }
   if (tag > 0) reply.content = text.substr(0, tag);
   return reply;
 }
 
 ParsedReply parse_llama3_json_tool_calls(const std::string& text) {
-  const ParsedReply none{text, nlohmann::ordered_json::array()};
+  const ParsedReply none = all_content(text);
   const bool tagged = text.rfind(kPythonTag, 0) == 0;
   if (!tagged && text.rfind('{', 0) != 0) return none;
   const auto blank = [&](size_t at) {
