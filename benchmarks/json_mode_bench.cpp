@@ -2,8 +2,9 @@
 // a real vocabulary, on JSON mode's schema after replies that stop at different places of an object
 // (its first token, in a key, in a long string value, in a number, after a nested value) and on a
 // json_schema with declared keys, an enum and an anyOf (in a declared key, in an enum value, in a
-// string value, where the anyOf's branches are still open); and the one-time reading of the
-// vocabulary's token texts. Prints one JSON line.
+// string value, where the anyOf's branches are still open) and one with string and integer keywords
+// (in a pattern's string, a maxLength string, a date-time, a bounded integer: every token probed);
+// and the one-time reading of the vocabulary's token texts. Prints one JSON line.
 //   dschat_json_mode_bench [--tokenizer assets/gpt2-bpe] [--iters 50] [--threads 2]
 #include <CLI/CLI.hpp>
 
@@ -36,6 +37,12 @@ int main(int argc, char** argv) {
                            {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"]}]}},
       "required": ["city", "unit", "when"], "additionalProperties": false})"), "schema");
   const dschat::serve::JsonConstraint with_schema(schema, texts, end_ids);
+  const auto keyword_schema = dschat::serve::compile_json_schema(nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}, "note": {"type": "string", "maxLength": 200},
+        "when": {"type": "string", "format": "date-time"}, "n": {"type": "integer", "minimum": 10, "maximum": 999}},
+      "required": ["zip", "note", "when", "n"]})"), "schema");
+  const dschat::serve::JsonConstraint with_keywords(keyword_schema, texts, end_ids);
+  const std::string keyword_reply = "{\"zip\": \"12345\", \"note\": \"A long note that goes on and on";
   const int64_t vocab = tokenizer.vocab_size();
   const std::tuple<const char*, const dschat::serve::JsonConstraint*, std::string> replies[] = {
       {"start", &json_mode, ""},
@@ -47,6 +54,10 @@ int main(int argc, char** argv) {
       {"schema_enum", &with_schema, "{\"city\": \"Paris\", \"unit\": \"ce"},
       {"schema_string", &with_schema, "{\"city\": \"A long city name that goes on and on"},
       {"schema_any_of", &with_schema, "{\"city\": \"Paris\", \"unit\": \"kelvin\", \"when\": {\""},
+      {"keyword_pattern", &with_keywords, "{\"zip\": \"12"},
+      {"keyword_length", &with_keywords, keyword_reply},
+      {"keyword_format", &with_keywords, keyword_reply + "\", \"when\": \"2024-0"},
+      {"keyword_integer", &with_keywords, keyword_reply + "\", \"when\": \"2024-01-01T00:00:00Z\", \"n\": 1"},
   };
   std::cout << "{\"vocab\": " << vocab << ", \"threads\": " << torch::get_num_threads()
             << ", \"token_texts_ms\": " << texts_ms;

@@ -62,7 +62,7 @@ bool JsonMachine::feed(const std::string& text) {
   for (size_t i = 0; i < size;) {
     // Inside a string most bytes change nothing: skip them without a step (a token's text is
     // mostly such bytes while the model writes a string value).
-    if (count_ == 1 && paths_[0].mode == Mode::kString) {
+    if (count_ == 1 && plain_string(paths_[0])) {
       while (i < size && text[i] != '"' && text[i] != '\\' && static_cast<unsigned char>(text[i]) >= 0x20) ++i;
       if (i == size) break;
     }
@@ -88,10 +88,7 @@ bool JsonMachine::closed() const {
 bool JsonMachine::path_complete(const Path& path) const {
   if (path.mode == Mode::kDone) return true;
   if (path.depth != 0) return false;
-  if (path.mode == Mode::kNumber) {
-    return path.number == Number::kZero || path.number == Number::kInt || path.number == Number::kFraction ||
-           path.number == Number::kExponent;
-  }
+  if (path.mode == Mode::kNumber) return number_whole(path) && (path.checked_node < 0 || in_bounds(path));
   return path.mode == Mode::kEnum && at(path.value_node).values[path.lo].size() == path.at;
 }
 
@@ -100,6 +97,7 @@ JsonMachine::Step JsonMachine::step(Path& path, char c) const {
     case Mode::kStructure:
       return structure(path, c);
     case Mode::kString:
+      if (path.checked_node >= 0) return checked_string(path, c);
       if (c == '"') {
         if (path.key) {
           Frame& frame = path.frames[path.depth - 1];
@@ -116,6 +114,7 @@ JsonMachine::Step JsonMachine::step(Path& path, char c) const {
       }
       return Step::kTaken;
     case Mode::kEscape:
+      if (path.checked_node >= 0) return escaped(path, c);
       if (c == 'u') {
         path.mode = Mode::kUnicode;
         path.hex_left = 4;
@@ -127,7 +126,12 @@ JsonMachine::Step JsonMachine::step(Path& path, char c) const {
                  : Step::kRefused;
     case Mode::kUnicode:
       if (!json_hex(c)) return Step::kRefused;
-      if (--path.hex_left == 0) path.mode = Mode::kString;
+      path.code_point = path.code_point * 16 + static_cast<uint32_t>(json_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10);
+      if (--path.hex_left == 0) {
+        path.mode = Mode::kString;
+        if (path.checked_node >= 0) return string_char(path, path.code_point);
+      }
+      if (path.checked_node >= 0 && path.hex_left > 0 && !unicode_may_go_on(path)) return Step::kRefused;
       return Step::kTaken;
     case Mode::kLiteral:
       if (c != *path.literal) return Step::kRefused;
@@ -205,14 +209,28 @@ JsonMachine::Step JsonMachine::begin_value(Path& path, int32_t node_index, char 
   if (c == '"' && (any || kind == Kind::kString)) {
     path.mode = Mode::kString;
     path.key = false;
-    return Step::kTaken;
+    const bool checked = !any && (node.min_length > 0 || node.max_length >= 0 || node.pattern >= 0);
+    path.checked_node = checked ? node_index : -1;
+    path.chars = 0;
+    path.utf8_left = 0;
+    path.pattern = JsonRegex::start();
+    return Step::kTaken;  // the schema compiled: some string keeps its keywords (json_schema_scalars.cpp)
   }
   if ((c == '-' || json_digit(c)) && (any || kind == Kind::kNumber || kind == Kind::kInteger)) {
     path.mode = Mode::kNumber;
     path.integer = kind == Kind::kInteger;
     path.number = c == '-' ? Number::kMinus : c == '0' ? Number::kZero : Number::kInt;
     path.digits = c == '-' ? 0 : 1;
-    return Step::kTaken;
+    path.checked_node = node.bounded ? node_index : -1;
+    if (path.checked_node < 0) return Step::kTaken;
+    path.negative = c == '-';
+    path.magnitude = c == '-' ? 0 : static_cast<uint64_t>(c - '0');
+    if (path.integer) return integer_reachable(path) ? Step::kTaken : Step::kRefused;
+    path.magnitude = 0;
+    path.digits = 0;
+    path.fraction_digits = 0;
+    path.significant = 0;
+    return c == '-' ? (number_reachable(path) ? Step::kTaken : Step::kRefused) : number_digit(path, c, false);
   }
   const bool boolean = any || kind == Kind::kBoolean;
   if ((c == 't' && boolean) || (c == 'f' && boolean) || (c == 'n' && (any || kind == Kind::kNull))) {
@@ -232,6 +250,7 @@ JsonMachine::Step JsonMachine::begin_value(Path& path, int32_t node_index, char 
 }
 
 JsonMachine::Step JsonMachine::number(Path& path, char c) const {
+  if (path.checked_node >= 0 && !path.integer) return bounded_number(path, c);
   const bool fraction_or_exponent = c == '.' || c == 'e' || c == 'E';
   // One more digit of the current run, within its bound.
   const auto digit = [&](int bound) { return ++path.digits <= bound ? Step::kTaken : Step::kRefused; };
@@ -240,10 +259,13 @@ JsonMachine::Step JsonMachine::number(Path& path, char c) const {
       if (!json_digit(c)) return Step::kRefused;
       path.number = c == '0' ? Number::kZero : Number::kInt;
       path.digits = 1;
-      return Step::kTaken;
+      return path.checked_node >= 0 ? integer_digit(path, c) : Step::kTaken;
     case Number::kZero:
     case Number::kInt:
-      if (path.number == Number::kInt && json_digit(c)) return digit(kMaxDigits);
+      if (path.number == Number::kInt && json_digit(c)) {
+        const Step taken = digit(kMaxDigits);
+        return taken == Step::kTaken && path.checked_node >= 0 ? integer_digit(path, c) : taken;
+      }
       if (!fraction_or_exponent || path.integer) return end_then(path, c);
       path.number = c == '.' ? Number::kDot : Number::kE;
       path.digits = 0;
@@ -307,6 +329,7 @@ JsonMachine::Step JsonMachine::begin_key(Path& path) const {
     if (member_node(frame) < 0) return Step::kRefused;  // additionalProperties false: only {}
     path.mode = Mode::kString;
     path.key = true;
+    path.checked_node = -1;
     return Step::kTaken;
   }
   // From the first property not yet passed up to the first required one (it cannot be skipped).
@@ -357,12 +380,16 @@ JsonMachine::Step JsonMachine::close_container(Path& path) const {
 // at `c`, which is read after the value.
 JsonMachine::Step JsonMachine::end_then(Path& path, char c) const {
   if (path.mode == Mode::kNumber) {
-    const bool whole = path.number == Number::kZero || path.number == Number::kInt ||
-                       path.number == Number::kFraction || path.number == Number::kExponent;
-    if (!whole) return Step::kRefused;
+    if (!number_whole(path)) return Step::kRefused;
+    if (path.checked_node >= 0 && !in_bounds(path)) return Step::kRefused;
   }
   value_done(path);
   return step(path, c);
+}
+
+bool JsonMachine::number_whole(const Path& path) const {
+  return path.number == Number::kZero || path.number == Number::kInt || path.number == Number::kFraction ||
+         path.number == Number::kExponent;
 }
 
 void JsonMachine::value_done(Path& path) const {

@@ -5,8 +5,14 @@
 // with the same byte, the machine follows each of them as its own path until the bytes tell them
 // apart (at most kMaxPaths at once; a byte that would need more is refused).
 //
-// Bytes of 0x80 and above are taken as they come inside strings (UTF-8 is not checked: a
-// byte-level token's text may hold part of a character). Runs of whitespace between tokens are
+// Bytes of 0x80 and above are taken as they come inside strings without keywords (UTF-8 is not
+// checked: a byte-level token's text may hold part of a character); a string with minLength,
+// maxLength, pattern or format is read as code points (UTF-8 checked as Python decodes it, no
+// surrogate escapes), counted and stepped through its pattern (json_regex.h), and closes only
+// where it keeps them. A bounded integer's digits come only while some value in bounds can still
+// follow; a bounded number is written without an exponent, in at most 15 significant digits
+// (json_decimal.h), its digits coming only while a number in bounds can still follow. Runs of
+// whitespace between tokens are
 // bounded (kMaxWhitespace: a model must not loop on blanks until max_tokens), so are a number's
 // digit runs (kMaxDigits, kMaxExponentDigits: a sampled model otherwise writes integers of
 // hundreds of digits, which no int64 or double holds) and nesting (kMaxDepth), and nothing may
@@ -40,8 +46,12 @@ class JsonMachine {
   bool feed(const std::string& text);
   /// The text so far is a whole value of the schema (a number may still go on: "1" -> "12").
   bool complete() const;
-  /// One way of reading, inside a string (where a token of plain bytes changes nothing).
-  bool reading_string() const { return count_ == 1 && paths_[0].mode == Mode::kString; }
+  /// One way of reading, inside a string without keywords (where a token of plain bytes changes
+  /// nothing).
+  bool reading_string() const { return count_ == 1 && plain_string(paths_[0]); }
+  /// Inside a string whose only keywords are minLength / maxLength, between characters: how many
+  /// more code points it may take (INT64_MAX: no maxLength); -1 anywhere else.
+  int64_t length_only_string_room() const;
   /// Whole, and nothing may follow (a closed object; "1" may still become "12").
   bool closed() const;
 
@@ -75,6 +85,18 @@ class JsonMachine {
     uint32_t lo, hi;       // enum: the candidate values [lo, hi)
     uint64_t key_mask;     // key: which of properties [frame.next, frame.next + 64) still match
     uint32_t at;           // enum / key: bytes of the candidates matched so far
+    // The string or integer being read when its node has keywords (-1: none): a string's code
+    // points so far, the one being decoded and the bytes it still needs (the next one within
+    // [utf8_lo, utf8_hi]), its pattern's states; an integer's sign and magnitude (saturating).
+    int32_t checked_node;
+    uint32_t chars;
+    uint32_t code_point;
+    uint8_t utf8_left, utf8_lo, utf8_hi;
+    bool negative;
+    uint64_t magnitude;       // a bounded number: all its digits so far, the point left out
+    uint8_t fraction_digits;  // a bounded number: of them after the point
+    uint8_t significant;      // a bounded number: of them from the first non-zero one
+    JsonRegex::States pattern;
     std::array<Frame, kMaxDepth> frames;  // last: a copy takes [depth] of them (operator=)
   };
   static_assert(std::is_trivially_copyable_v<Path>);
@@ -83,6 +105,22 @@ class JsonMachine {
   Step structure(Path& path, char c) const;
   Step begin_value(Path& path, int32_t node, char c) const;
   Step number(Path& path, char c) const;
+  Step checked_string(Path& path, char c) const;
+  Step escaped(Path& path, char c) const;
+  Step string_char(Path& path, uint32_t code_point) const;
+  bool string_may_take(const Path& path, uint32_t lo, uint32_t hi) const;
+  bool utf8_may_go_on(const Path& path) const;
+  bool unicode_may_go_on(const Path& path) const;
+  Step integer_digit(Path& path, char c) const;
+  bool integer_reachable(const Path& path) const;
+  bool integer_in_bounds(const Path& path) const;
+  Step bounded_number(Path& path, char c) const;
+  Step number_digit(Path& path, char c, bool fraction) const;
+  bool number_reachable(const Path& path) const;
+  bool number_in_bounds(const Path& path) const;
+  bool in_bounds(const Path& path) const { return path.integer ? integer_in_bounds(path) : number_in_bounds(path); }
+  bool number_whole(const Path& path) const;
+  static bool plain_string(const Path& path) { return path.mode == Mode::kString && path.checked_node < 0; }
   Step enumeration(Path& path, char c) const;
   Step key(Path& path, char c) const;
   Step begin_key(Path& path) const;

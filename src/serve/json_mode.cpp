@@ -16,6 +16,15 @@ bool plain_string_bytes(const char* bytes, size_t size) {
   return true;
 }
 
+// Plain characters that are each one code point: what a length-bounded string counts per byte.
+bool plain_ascii_bytes(const char* bytes, size_t size) {
+  for (size_t i = 0; i < size; ++i) {
+    const auto byte = static_cast<unsigned char>(bytes[i]);
+    if (byte == '"' || byte == '\\' || byte < 0x20 || byte >= 0x80) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<std::string> token_texts(const tokenizer::Tokenizer& tokenizer) {
@@ -67,6 +76,7 @@ torch::Tensor JsonConstraint::allowed(const std::vector<int64_t>& generated, int
     // starting so without feeding it.
     constexpr size_t kSpaces = 16;
     const bool in_string = machine.reading_string();
+    const int64_t room = machine.length_only_string_room();
     std::array<std::array<int8_t, 256>, kSpaces + 1> opening;  // -1: not probed yet
     for (auto& row : opening) row.fill(-1);
     for (int64_t id = 0; id < vocab; ++id) {
@@ -91,6 +101,11 @@ torch::Tensor JsonConstraint::allowed(const std::vector<int64_t>& generated, int
       }
       if (in_string && plain_string_bytes(bytes, size)) {  // stays inside the string: no probe needed
         allow[id] = any = true;
+        continue;
+      }
+      if (room >= 0 && plain_ascii_bytes(bytes, size)) {  // one code point per byte, if they fit
+        allow[id] = static_cast<int64_t>(size) <= room;
+        any = any || allow[id];
         continue;
       }
       JsonMachine probe = machine;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "serve/json_schema_scalars.h"
 #include "serve/openai_protocol.h"
 
 namespace dschat {
@@ -21,7 +22,17 @@ const std::set<std::string> kAnnotations = {"title", "description", "default", "
                                             "definitions"};
 const std::set<std::string> kStructural = {"type", "properties", "required", "additionalProperties", "items",
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
-                                           "nullable"};
+                                           "nullable", "minLength", "maxLength", "pattern", "format", "minimum",
+                                           "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties"};
+const std::set<std::string> kArrayKeywords = {"items", "minItems", "maxItems"};
+
+bool any_of_keys(const SchemaJson& schema, const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) {
+    if (schema.contains(key)) return true;
+  }
+  return false;
+}
 
 // The byte machine follows at most this many branches at once (JsonMachine::kMaxPaths).
 constexpr size_t kMaxBranches = 64;
@@ -85,7 +96,9 @@ class Compiler {
       if (kAnnotations.count(key) == 0 && kStructural.count(key) == 0) {
         throw bad_schema(where + "." + key, "is not supported by dschat serve's schema-guided decoding (it follows "
                                             "type, properties, required, additionalProperties, items, minItems, "
-                                            "maxItems, enum, const, anyOf, oneOf, $ref and nullable)");
+                                            "maxItems, enum, const, anyOf, oneOf, $ref, nullable, minLength, "
+                                            "maxLength, pattern, format, minimum, maximum, exclusiveMinimum and "
+                                            "exclusiveMaximum)");
       }
     }
     if (schema.value("nullable", false)) {
@@ -112,19 +125,53 @@ class Compiler {
       kind = Kind::kObject;
     } else if (schema.contains("items") || schema.contains("minItems") || schema.contains("maxItems")) {
       kind = Kind::kArray;
+    } else if (any_of_keys(schema, detail::kStringKeywords)) {
+      kind = Kind::kString;
+    } else if (any_of_keys(schema, detail::kNumberKeywords)) {
+      kind = Kind::kNumber;
     }
-    for (const char* key : {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"}) {
-      const bool object_key = std::string(key) != "items" && std::string(key) != "minItems" &&
-                              std::string(key) != "maxItems";
-      if (schema.contains(key) && kind != (object_key ? Kind::kObject : Kind::kArray)) {
-        throw bad_schema(where + "." + key, std::string("is only for ") + (object_key ? "objects" : "arrays"));
-      }
-    }
+    check_keywords_fit(schema, kind, where);
     if (kind == Kind::kObject) return object(schema, where);
     if (kind == Kind::kArray) return array(schema, where);
     JsonSchemaNode leaf;
     leaf.kind = kind;
+    if (kind == Kind::kString) detail::compile_string_keywords(schema, where, leaf, schema_->patterns);
+    if (kind == Kind::kInteger || kind == Kind::kNumber) detail::compile_number_keywords(schema, where, leaf);
     return kind == Kind::kAny ? any_node() : add(std::move(leaf));
+  }
+
+  // A keyword of another type than the node's is a mistake in a schema of one type (lists of
+  // types give each branch its own keywords: type_list).
+  static void check_keywords_fit(const SchemaJson& schema, Kind kind, const std::string& where) {
+    for (const auto& [key, value] : schema.items()) {
+      const char* only = kObjectKeywords.count(key) && kind != Kind::kObject  ? "objects"
+                         : kArrayKeywords.count(key) && kind != Kind::kArray  ? "arrays"
+                         : keyword_of(detail::kStringKeywords, key) && kind != Kind::kString ? "strings"
+                                                                                              : nullptr;
+      if (only) throw bad_schema(where + "." + key, std::string("is only for ") + only);
+      if (keyword_of(detail::kNumberKeywords, key) && kind != Kind::kInteger && kind != Kind::kNumber) {
+        throw bad_schema(where + "." + key, "is only for numbers");
+      }
+    }
+  }
+
+  static bool keyword_of(const std::vector<std::string>& keywords, const std::string& key) {
+    return std::find(keywords.begin(), keywords.end(), key) != keywords.end();
+  }
+
+  // The keywords of a list of types that apply to `type` (JSON Schema ignores the others there).
+  static SchemaJson keywords_for(const SchemaJson& schema, const std::string& type) {
+    SchemaJson branch = schema;
+    branch["type"] = type;
+    for (const auto& [key, value] : schema.items()) {
+      const bool applies = kObjectKeywords.count(key) ? type == "object"
+                           : kArrayKeywords.count(key) ? type == "array"
+                           : keyword_of(detail::kStringKeywords, key) ? type == "string"
+                           : keyword_of(detail::kNumberKeywords, key) ? type == "integer" || type == "number"
+                                                                      : true;
+      if (!applies) branch.erase(key);
+    }
+    return branch;
   }
 
   int32_t object(const SchemaJson& schema, const std::string& where) {
@@ -170,15 +217,6 @@ class Compiler {
     return index;
   }
 
-  int64_t count(const SchemaJson& schema, const char* key, int64_t fallback, const std::string& where) {
-    if (!schema.contains(key)) return fallback;
-    const SchemaJson& value = schema[key];
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 65535) {
-      throw bad_schema(where + "." + key, "must be an integer in [0, 65535]");
-    }
-    return value.get<int64_t>();
-  }
-
   int32_t array(const SchemaJson& schema, const std::string& where) {
     JsonSchemaNode array;
     array.kind = Kind::kArray;
@@ -187,8 +225,8 @@ class Compiler {
       throw bad_schema(where + ".items", "as a list (tuple validation) is not supported; give one schema");
     }
     array.items = schema.contains("items") ? node(schema["items"], where + ".items") : any_node();
-    array.min_items = count(schema, "minItems", 0, where);
-    array.max_items = count(schema, "maxItems", -1, where);
+    array.min_items = detail::count_keyword(schema, "minItems", 0, where);
+    array.max_items = detail::count_keyword(schema, "maxItems", -1, where);
     if (array.max_items >= 0 && array.max_items < array.min_items) {
       throw bad_schema(where + ".maxItems", "is below minItems");
     }
@@ -210,9 +248,11 @@ class Compiler {
     JsonSchemaNode node;
     node.kind = Kind::kEnum;
     for (const SchemaJson& value : values) {
-      if (!type || of_type(value, *type)) node.values.push_back(value.dump());
+      if ((!type || of_type(value, *type)) && detail::keeps_scalar_keywords(value, schema, where)) {
+        node.values.push_back(value.dump());
+      }
     }
-    if (node.values.empty()) throw bad_schema(where + "." + key, "holds no value of the schema's type");
+    if (node.values.empty()) throw bad_schema(where + "." + key, "holds no value of the schema's type and keywords");
     std::sort(node.values.begin(), node.values.end());
     node.values.erase(std::unique(node.values.begin(), node.values.end()), node.values.end());
     return add(std::move(node));
@@ -260,9 +300,8 @@ class Compiler {
   int32_t type_list(const SchemaJson& schema, const std::string& where) {
     std::vector<SchemaJson> branches;
     for (const SchemaJson& type : schema["type"]) {
-      SchemaJson branch = schema;
-      branch["type"] = type;
-      branches.push_back(std::move(branch));
+      if (!type.is_string()) throw bad_schema(where + ".type", "must list type names");
+      branches.push_back(keywords_for(schema, type.get<std::string>()));
     }
     if (branches.empty()) throw bad_schema(where + ".type", "must not be an empty list");
     return any_of(branches, where + ".type");

@@ -9,9 +9,12 @@
 // Supported: type (one or a list), properties, required, additionalProperties (for objects
 // without properties), items, minItems, maxItems, enum, const, anyOf / oneOf (at most 64
 // branches, nested ones counted; a text that would need more at once is refused), $ref to "#",
-// "#/$defs/..." or "#/definitions/..." (recursion included), and the annotations (title,
-// description, default, examples, ...). Any other keyword (pattern, format, minimum, ...) is
-// refused by name: the constraint would be silently dropped otherwise.
+// "#/$defs/..." or "#/definitions/..." (recursion included), minLength, maxLength, pattern
+// (json_regex.h), format (date, time, date-time, uuid, email, ipv4), minimum / maximum /
+// exclusiveMinimum / exclusiveMaximum on integers and numbers (bounds of at most 15 significant
+// digits; on any enum's values too), and the annotations (title, description, default,
+// examples, ...). Any other keyword (multipleOf, uniqueItems, another format, ...) is refused by
+// name: the constraint would be silently dropped otherwise.
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +22,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "serve/json_decimal.h"
+#include "serve/json_regex.h"
 
 namespace dschat {
 namespace serve {
@@ -40,6 +46,17 @@ struct JsonSchemaNode {
   int32_t items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;
+  // kString: between min_length and max_length code points (-1: no bound), matched by the
+  // schema's patterns[pattern] (-1: none).
+  int64_t min_length = 0;
+  int64_t max_length = -1;
+  int32_t pattern = -1;
+  // kInteger: within [minimum, maximum] when bounded. kNumber: from number_from to number_to
+  // (json_decimal.h) when bounded.
+  bool bounded = false;
+  int64_t minimum = 0;
+  int64_t maximum = 0;
+  JsonDecimalEnd number_from, number_to;
   // kEnum: the allowed values as compact JSON texts, sorted (a prefix's candidates are a range).
   std::vector<std::string> values;
   // kAnyOf: its branches, none of them kAnyOf (nested ones are flattened).
@@ -48,6 +65,7 @@ struct JsonSchemaNode {
 
 struct JsonSchema {
   std::vector<JsonSchemaNode> nodes;
+  std::vector<JsonRegex> patterns;  // the strings' patterns and formats
   int32_t root = -1;
 };
 

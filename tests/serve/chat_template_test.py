@@ -393,6 +393,43 @@ class ChatTemplateServeTest(unittest.TestCase):
                 self.assertIsNone(choice.message.tool_calls)
                 self.assertTrue(choice.message.content.lstrip().startswith("["), choice.message.content)
 
+    def test_schema_keywords_replies_validate_with_jsonschema_formats(self):
+        """A schema as Pydantic writes constrained fields (pattern, format, minLength/maxLength,
+        integer and number bounds) on the bundled random tiny OPT, sampled: every reply that stops validates
+        with the `jsonschema` package, its FormatChecker included (date, uuid and ipv4 are the
+        formats it checks with the standard library alone), and bounds that the model's own
+        sampling would miss hold. A format dschat does not follow is a 400 naming its key path."""
+        import jsonschema
+        schema = {"type": "object", "properties": {
+            "zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$"},
+            "day": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 100},
+            "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "tag": {"type": "string", "minLength": 1, "maxLength": 4},
+            "at": {"type": "string", "format": "date-time"}},
+            "required": ["zip", "day", "id", "ip", "n", "score", "tag", "at"], "additionalProperties": False}
+        response_format = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
+        bad_format = {"type": "json_schema", "json_schema": {"name": "host", "schema": {
+            "type": "object", "properties": {"host": {"type": "string", "format": "hostname"}}}}}
+        ask = dict(model="tiny", messages=MESSAGES, max_tokens=200, temperature=1.0, n=8)
+        with ServedModels(models=[f"tiny={TINY_MODEL}"]) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+            shaped = client.chat.completions.create(response_format=response_format, seed=3, **ask).choices
+            with self.assertRaises(openai.BadRequestError) as refused:
+                client.chat.completions.create(response_format=bad_format, seed=3, **ask)
+        self.assertEqual(refused.exception.body["param"],
+                         "response_format.json_schema.schema.properties.host.format")
+        stopped = [c for c in shaped if c.finish_reason == "stop"]
+        self.assertGreaterEqual(len(stopped), 4, [c.message.content for c in shaped])
+        checker = jsonschema.FormatChecker()
+        for choice in stopped:
+            value = json.loads(choice.message.content)
+            jsonschema.validate(value, schema, format_checker=checker)
+            self.assertTrue(10 <= value["n"] < 100 and 0 < value["score"] <= 1 and 1 <= len(value["tag"]) <= 4,
+                            choice.message.content)
+
     def test_named_and_required_tool_choice_from_a_scripted_model(self):
         """A named tool_choice and "required" with Qwen2.5's template (the tools are in the prompt,
         as transformers renders them): a scripted model (scripted_gpt2) whose reply is the call's

@@ -1,5 +1,5 @@
 // Schema-guided decoding (serve/json_schema.h, serve/json_machine.h) against a validator written
-// here as JSON Schema defines validation (a recursive check of the parsed value, no byte machine):
+// as JSON Schema defines validation (json_schema_reference.h: a recursive check of the parsed value):
 // texts generated from each schema are accepted prefix by prefix; random walks over the bytes the
 // machine allows never reach a dead end and end only in texts the validator accepts; texts with a
 // byte changed are accepted only if they validate. Compile errors name their key path.
@@ -15,6 +15,8 @@
 #include "serve/json_machine.h"
 #include "serve/json_mode.h"
 #include "serve/openai_protocol.h"
+#include "json_mask_check.h"
+#include "json_schema_reference.h"
 #include "json_text_mutation.h"
 #include "test_util.h"
 
@@ -23,68 +25,9 @@ namespace serve {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// ---- the reference: JSON Schema's validation of a parsed value
-bool validates(const Json& value, const Json& schema, const Json& root);
-
-bool of_type(const Json& value, const std::string& type) {
-  if (type == "object") return value.is_object();
-  if (type == "array") return value.is_array();
-  if (type == "string") return value.is_string();
-  if (type == "number") return value.is_number();
-  if (type == "integer") {
-    return value.is_number_integer() || (value.is_number_float() && value == std::floor(value.get<double>()));
-  }
-  if (type == "boolean") return value.is_boolean();
-  return type == "null" && value.is_null();
-}
-
-bool validates(const Json& value, const Json& schema, const Json& root) {
-  if (schema.is_boolean()) return schema.get<bool>();
-  if (schema.contains("$ref")) {
-    return validates(value, root.at(Json::json_pointer(schema["$ref"].get<std::string>().substr(1))), root);
-  }
-  if (schema.value("nullable", false) && value.is_null()) return true;
-  for (const char* key : {"anyOf", "oneOf"}) {
-    if (!schema.contains(key)) continue;
-    int matches = 0;
-    for (const Json& branch : schema[key]) matches += validates(value, branch, root);
-    if (std::string(key) == "anyOf" ? matches == 0 : matches != 1) return false;
-  }
-  if (schema.contains("type")) {
-    const Json types = schema["type"].is_array() ? schema["type"] : Json::array({schema["type"]});
-    bool any = false;
-    for (const Json& type : types) any = any || of_type(value, type.get<std::string>());
-    if (!any) return false;
-  }
-  if (schema.contains("const") && value != schema["const"]) return false;
-  if (schema.contains("enum")) {
-    const Json& values = schema["enum"];
-    if (std::find(values.begin(), values.end(), value) == values.end()) return false;
-  }
-  if (value.is_object()) {
-    for (const Json& name : schema.value("required", Json::array())) {
-      if (!value.contains(name.get<std::string>())) return false;
-    }
-    const Json properties = schema.value("properties", Json::object());
-    for (const auto& [key, member] : value.items()) {
-      const Json& rule = properties.contains(key) ? properties[key] : schema.value("additionalProperties", Json(true));
-      if (!validates(member, rule, root)) return false;
-    }
-  }
-  if (value.is_array()) {
-    if (value.size() < schema.value("minItems", 0u) || value.size() > schema.value("maxItems", 1u << 30)) return false;
-    for (const Json& item : value) {
-      if (!validates(item, schema.value("items", Json(true)), root)) return false;
-    }
-  }
-  return true;
-}
-
-bool text_validates(const std::string& text, const Json& schema) {
-  const Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return !value.is_discarded() && validates(value, schema, schema);
-}
+using reference::instance;
+using reference::quoted;
+using reference::text_validates;
 
 // ---- the schemas: objects with optional keys, enums of every kind, unions told apart late,
 // recursion, maps, top-level scalars, forced tool calls' shape
@@ -116,74 +59,26 @@ std::vector<Json> schemas() {
           {"type": "object", "properties": {"name": {"const": "get_time"}, "parameters": {"type": "object",
             "properties": {}}}, "required": ["name", "parameters"]}]}})"),
       Json::parse(R"({"type": "object"})"),
+      // Strings' and integers' keywords (examples: what the generator writes for such strings).
+      Json::parse(R"({"type": "object", "properties": {
+          "zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$", "examples": ["12345", "12345-6789"]},
+          "code": {"type": "string", "minLength": 2, "maxLength": 4, "examples": ["ab", "\u00e9t\u00e9", "a\"b"]},
+          "when": {"type": "string", "format": "date-time",
+                   "examples": ["2024-02-28T12:00:00Z", "1999-12-31T23:59:59.5+01:00"]},
+          "n": {"type": "integer", "minimum": -5, "exclusiveMaximum": 100},
+          "word": {"type": "string", "pattern": "ab+c", "minLength": 4, "maxLength": 6,
+                   "examples": ["abbc", "xabc", "abcyz", "\u4e2dabbbc"]},
+          "pick": {"enum": ["a", "bb", "ccc", 5, 50], "maxLength": 2, "maximum": 10},
+          "price": {"type": "number", "minimum": 0, "exclusiveMaximum": 1000.5, "examples": [0, 12.5, 1000.25, 999]},
+          "ratio": {"type": "number", "exclusiveMinimum": -1.25, "maximum": 0.75, "examples": [-1.2, 0, 0.75]}},
+        "required": ["zip", "n"]})"),
+      Json::parse(R"({"type": "array", "items": {"anyOf": [
+          {"type": "string", "format": "date", "examples": ["2000-02-28", "0001-01-01"]},
+          {"type": "string", "format": "uuid", "examples": ["123e4567-e89b-12d3-A456-426614174000"]},
+          {"type": "string", "format": "ipv4", "examples": ["192.168.0.1", "255.0.10.9"]},
+          {"type": "integer", "minimum": 1000, "maximum": 1010},
+          {"type": "integer", "maximum": -20}]}})"),
   };
-}
-
-std::string blanks(std::mt19937& random) {
-  static const char* const kBlanks[] = {"", "", "", " ", "\n", "  ", "\t", "\r\n"};
-  return kBlanks[random() % 8];
-}
-
-// A value of `schema` as the machine reads them: keys in the schema's order, optional ones left
-// out at random, random blanks between tokens.
-std::string instance(const Json& schema, const Json& root, std::mt19937& random, int depth) {
-  if (schema.is_boolean() || schema.empty()) {  // any value
-    static const char* const kAny[] = {"0", "-2.5e3", "\"s\"", "true", "null", "[1, {\"k\": []}]", "{}"};
-    return kAny[random() % 7];
-  }
-  if (schema.contains("$ref")) {
-    return instance(root.at(Json::json_pointer(schema["$ref"].get<std::string>().substr(1))), root, random, depth);
-  }
-  if (schema.value("nullable", false) && random() % 3 == 0) return "null";
-  if (schema.contains("anyOf")) {
-    return instance(schema["anyOf"][random() % schema["anyOf"].size()], root, random, depth);
-  }
-  if (schema.contains("const")) return schema["const"].dump();
-  if (schema.contains("enum")) return schema["enum"][random() % schema["enum"].size()].dump();
-  std::string type = "object";
-  if (schema.contains("type")) {
-    const Json& types = schema["type"];
-    type = types.is_array() ? types[random() % types.size()].get<std::string>() : types.get<std::string>();
-  }
-  static const char* const kStrings[] = {"\"\"", "\"Paris\"", "\"a \\\"q\\\" \\u00e9 \\n\"", "\"h\xc3\xa9llo\""};
-  static const char* const kNumbers[] = {"0", "-0", "3.25", "-4.5e10", "6E-2", "7e+3", "12"};
-  if (type == "string") return kStrings[random() % 4];
-  if (type == "integer") return std::to_string(static_cast<int>(random() % 2001) - 1000);
-  if (type == "number") return kNumbers[random() % 7];
-  if (type == "boolean") return random() % 2 ? "true" : "false";
-  if (type == "null") return "null";
-  if (type == "array") {
-    const size_t lo = schema.value("minItems", 0u), hi = std::min<size_t>(schema.value("maxItems", 4u), 4);
-    const size_t count = depth > 3 ? lo : lo + random() % (hi - lo + 1);
-    std::string text = "[" + blanks(random);
-    for (size_t i = 0; i < count; ++i) {
-      text += (i ? "," + blanks(random) : "") + instance(schema.value("items", Json(true)), root, random, depth + 1);
-    }
-    return text + blanks(random) + "]";
-  }
-  std::string text = "{" + blanks(random);
-  bool first = true;
-  const auto member = [&](const std::string& key, const Json& rule) {
-    text += (first ? "" : "," + blanks(random)) + Json(key).dump() + blanks(random) + ":" + blanks(random) +
-            instance(rule, root, random, depth + 1);
-    first = false;
-  };
-  if (schema.contains("properties")) {
-    const Json required = schema.value("required", Json::array());
-    for (const auto& [key, rule] : schema["properties"].items()) {
-      const bool needed = std::find(required.begin(), required.end(), key) != required.end();
-      if (needed || (depth < 3 && random() % 2)) member(key, rule);
-    }
-  } else if (depth < 3) {
-    for (int i = static_cast<int>(random() % 3); i > 0; --i) {
-      member("k" + std::to_string(random() % 10), schema.value("additionalProperties", Json(true)));
-    }
-  }
-  return text + blanks(random) + "}";
-}
-
-std::string quoted(const std::string& text) {
-  return Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 TEST(JsonSchemaMachine, AcceptsTheSchemasTextsPrefixByPrefixAndNoTextThatFailsValidation) {
@@ -332,9 +227,21 @@ TEST(JsonSchemaMachine, KeysComeInOrderAndBoundsHold) {
 
 TEST(JsonSchemaCompiler, RefusesWhatItCannotFollowNamingTheKeyPath) {
   const std::vector<std::pair<std::string, std::string>> bad = {  // schema, the param named
-      {R"({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]+$"}}})",
+      {R"({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^(a)\\1$"}}})",
        "s.properties.zip.pattern"},
-      {R"({"type": "integer", "minimum": 0})", "s.minimum"},
+      {R"({"type": "number", "minimum": 0.1234567890123456})", "s.minimum"},
+      {R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "s"},
+      {R"({"type": "integer", "multipleOf": 2})", "s.multipleOf"},
+      {R"({"type": "string", "format": "hostname"})", "s.format"},
+      {R"({"type": "string", "format": "date", "pattern": "^2"})", "s.format"},
+      {R"({"type": "string", "pattern": "^a{3}$", "maxLength": 2})", "s.pattern"},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "s.maxLength"},
+      {R"({"type": "string", "pattern": "^a+$", "maxLength": 5000})", "s.maxLength"},
+      {R"({"type": "string", "minimum": 1})", "s.minimum"},
+      {R"({"type": "integer", "minLength": 1})", "s.minLength"},
+      {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", "s"},
+      {R"({"type": "integer", "maximum": "9"})", "s.maximum"},
+      {R"({"enum": ["abc", "de"], "maxLength": 1})", "s.enum"},
       {R"({"type": "date"})", "s.type"},
       {R"({"properties": {"a": false}})", "s.properties.a"},
       {R"({"$ref": "#/$defs/missing"})", "s.$ref"},
@@ -386,7 +293,6 @@ TEST(JsonSchemaConstraint, LetsThroughOnlyTokensTheSchemaAllows) {
 TEST(JsonSchemaConstraint, ItsShortcutsGiveTheMaskOfFeedingEveryToken) {
   const auto tokenizer = tokenizer::Tokenizer::load(testing::source_dir() / "assets" / "gpt2-bpe");
   auto texts = std::make_shared<const std::vector<std::string>>(token_texts(tokenizer));
-  const int64_t vocab = tokenizer.vocab_size();
   const auto schema = compile_json_schema(schemas()[0], "s");
   const std::vector<std::pair<std::shared_ptr<const JsonSchema>, std::string>> replies = {
       {json_object_schema(), ""}, {json_object_schema(), "{\"temperat"}, {json_object_schema(), "{\"a\": \"x y"},
@@ -395,19 +301,7 @@ TEST(JsonSchemaConstraint, ItsShortcutsGiveTheMaskOfFeedingEveryToken) {
       {schema, "{\"name\": \"Ann\", \"age\": 4"}, {schema, "{\"name\": \"Ann\", \"age\": 4, \"role\": "},
       {schema, "{\"name\": \"Ann\", \"age\": 4, \"role\": 1"}};
   for (const auto& [compiled, reply] : replies) {
-    const std::vector<int64_t> generated = tokenizer.encode(reply, /*add_special_tokens=*/false);
-    const torch::Tensor mask = JsonConstraint(compiled, texts, {50256}).allowed(generated, vocab);  // [V]
-    JsonMachine machine(*compiled);
-    ASSERT_TRUE(machine.feed(reply)) << reply;
-    int64_t allowed = 0;
-    for (int64_t id = 0; id < vocab; ++id) {
-      JsonMachine probe = machine;
-      const std::string& text = (*texts)[static_cast<size_t>(id)];
-      const bool expected = id == 50256 ? machine.complete() : !text.empty() && probe.feed(text);
-      ASSERT_EQ(mask[id].item<bool>(), expected) << quoted(reply) << " then " << quoted(text) << " (id " << id << ")";
-      allowed += expected;
-    }
-    EXPECT_GT(allowed, 0) << reply;
+    EXPECT_GT(expect_mask_is_feeding_every_token(compiled, texts, tokenizer, reply), 0) << reply;
   }
 }
 
