@@ -415,7 +415,8 @@ bool JsonMachine::may_take_item(const Frame& frame) const {
 int32_t JsonMachine::member_node(const Frame& frame) const {
   const JsonSchemaNode& node = at(frame.node);
   if (node.kind == Kind::kAny) return frame.node;
-  return frame.object ? node.additional : node.items;
+  if (frame.object) return node.additional;
+  return frame.next < node.prefix_items.size() ? node.prefix_items[frame.next] : node.items;
 }
 
 }  // namespace serve

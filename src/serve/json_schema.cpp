@@ -22,10 +22,11 @@ const std::set<std::string> kAnnotations = {"title", "description", "default", "
                                             "definitions"};
 const std::set<std::string> kStructural = {"type", "properties", "required", "additionalProperties", "items",
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
-                                           "nullable", "minLength", "maxLength", "pattern", "format", "minimum",
-                                           "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+                                           "nullable", "prefixItems", "additionalItems", "minLength", "maxLength",
+                                           "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+                                           "exclusiveMaximum"};
 const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties"};
-const std::set<std::string> kArrayKeywords = {"items", "minItems", "maxItems"};
+const std::set<std::string> kArrayKeywords = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"};
 
 bool any_of_keys(const SchemaJson& schema, const std::vector<std::string>& keys) {
   for (const std::string& key : keys) {
@@ -95,7 +96,8 @@ class Compiler {
     for (const auto& [key, value] : schema.items()) {
       if (kAnnotations.count(key) == 0 && kStructural.count(key) == 0) {
         throw bad_schema(where + "." + key, "is not supported by dschat serve's schema-guided decoding (it follows "
-                                            "type, properties, required, additionalProperties, items, minItems, "
+                                            "type, properties, required, additionalProperties, items, prefixItems, "
+                                            "additionalItems, minItems, "
                                             "maxItems, enum, const, anyOf, oneOf, $ref, nullable, minLength, "
                                             "maxLength, pattern, format, minimum, maximum, exclusiveMinimum and "
                                             "exclusiveMaximum)");
@@ -123,7 +125,7 @@ class Compiler {
     } else if (schema.contains("properties") || schema.contains("required") ||
                schema.contains("additionalProperties")) {
       kind = Kind::kObject;
-    } else if (schema.contains("items") || schema.contains("minItems") || schema.contains("maxItems")) {
+    } else if (any_of_keys(schema, {"items", "prefixItems", "minItems", "maxItems"})) {
       kind = Kind::kArray;
     } else if (any_of_keys(schema, detail::kStringKeywords)) {
       kind = Kind::kString;
@@ -221,14 +223,33 @@ class Compiler {
     JsonSchemaNode array;
     array.kind = Kind::kArray;
     const int32_t index = add(JsonSchemaNode{});
-    if (schema.contains("items") && schema["items"].is_array()) {
-      throw bad_schema(where + ".items", "as a list (tuple validation) is not supported; give one schema");
-    }
-    array.items = schema.contains("items") ? node(schema["items"], where + ".items") : any_node();
     array.min_items = detail::count_keyword(schema, "minItems", 0, where);
     array.max_items = detail::count_keyword(schema, "maxItems", -1, where);
+    // Tuples: prefixItems (2020-12) then items for the rest, or a list under items (drafts 4 to
+    // 2019-09) then additionalItems for the rest. A rest of false allows no more items.
+    const bool listed = schema.contains("items") && schema["items"].is_array();
+    const char* prefix_key = listed ? "items" : "prefixItems";
+    const char* rest_key = listed ? "additionalItems" : "items";
+    if (schema.contains(prefix_key)) {
+      const SchemaJson& prefix = schema[prefix_key];
+      if (!prefix.is_array()) throw bad_schema(where + "." + prefix_key, "must be a list of schemas");
+      for (size_t i = 0; i < prefix.size(); ++i) {
+        array.prefix_items.push_back(node(prefix[i], where + "." + prefix_key + "[" + std::to_string(i) + "]"));
+      }
+    } else if (schema.contains("additionalItems")) {
+      throw bad_schema(where + ".additionalItems", "is only for a list under items");
+    }
+    const SchemaJson rest = schema.value(rest_key, SchemaJson(true));
+    if (rest.is_boolean() && !rest.get<bool>()) {
+      const auto size = static_cast<int64_t>(array.prefix_items.size());
+      array.max_items = array.max_items < 0 ? size : std::min(array.max_items, size);
+      array.items = any_node();  // never reached: max_items stops at the prefix
+    } else {
+      array.items = node(rest, where + "." + rest_key);
+    }
     if (array.max_items >= 0 && array.max_items < array.min_items) {
-      throw bad_schema(where + ".maxItems", "is below minItems");
+      throw bad_schema(where + (schema.contains("maxItems") ? ".maxItems" : "." + std::string(rest_key)),
+                       "leaves fewer items than minItems");
     }
     schema_->nodes[static_cast<size_t>(index)] = std::move(array);
     return index;

@@ -7,7 +7,8 @@
 // object with declared properties takes no others.
 //
 // Supported: type (one or a list), properties, required, additionalProperties (for objects
-// without properties), items, minItems, maxItems, enum, const, anyOf / oneOf (at most 64
+// without properties), items, prefixItems (or a list under items, and additionalItems),
+// minItems, maxItems, enum, const, anyOf / oneOf (at most 64
 // branches, nested ones counted; a text that would need more at once is refused), $ref to "#",
 // "#/$defs/..." or "#/definitions/..." (recursion included), minLength, maxLength, pattern
 // (json_regex.h), format (date, time, date-time, uuid, email, ipv4), minimum / maximum /
@@ -42,7 +43,9 @@ struct JsonSchemaNode {
   std::vector<Property> properties;
   std::vector<uint8_t> required_from;  // [properties + 1]: 1 when a required property is at or after i
   int32_t additional = -1;
-  // kArray: every item of `items`, between min_items and max_items of them (-1: no bound).
+  // kArray: item i of prefix_items[i] (a tuple's), the rest of `items`, between min_items and
+  // max_items of them (-1: no bound).
+  std::vector<int32_t> prefix_items;
   int32_t items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;

@@ -18,7 +18,8 @@ extern const std::vector<std::string> kStringKeywords;   // minLength, maxLength
 extern const std::vector<std::string> kNumberKeywords;   // minimum, maximum and their exclusive forms
 
 /// A count keyword (minItems, maxLength, ...): an integer in [0, 65535], or `fallback` if absent.
-int64_t count_keyword(const nlohmann::ordered_json& schema, const char* key, int64_t fallback, const std::string& where);
+int64_t count_keyword(const nlohmann::ordered_json& schema, const char* key, int64_t fallback,
+                      const std::string& where);
 
 /// Sets `leaf`'s min_length, max_length and pattern (added to `patterns`) from `schema`.
 void compile_string_keywords(const nlohmann::ordered_json& schema, const std::string& where, JsonSchemaNode& leaf,

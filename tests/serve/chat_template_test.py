@@ -299,7 +299,8 @@ class ChatTemplateServeTest(unittest.TestCase):
     def test_json_mode_keeps_the_reply_one_object(self):
         """response_format json_object on a scripted model (scripted_gpt2) with two prompts: one
         whose script is a JSON object (the reply is that object, untouched), one whose script
-        starts with prose (without JSON mode the reply is the prose; with it, an object starts)."""
+        starts with prose (without JSON mode the reply is the prose; with it, an object starts); a
+        schema whose pattern has a backreference is a 400 naming the pattern's key path."""
         template = (pathlib.Path(__file__).resolve().parents[1] / "fixtures/chat_templates/qwen2.5.jinja").read_text()
         ask_object = [{"role": "user", "content": "Weather as JSON."}]
         ask_prose = [{"role": "user", "content": "The weather in Paris today, please, as a JSON object with the "
@@ -321,7 +322,7 @@ class ChatTemplateServeTest(unittest.TestCase):
                 with self.assertRaises(openai.BadRequestError) as caught:
                     client.chat.completions.create(messages=ask_object, response_format={
                         "type": "json_schema", "json_schema": {"name": "w", "schema": {
-                            "type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]+$"}}}}},
+                            "type": "object", "properties": {"zip": {"type": "string", "pattern": "^(a)\\1$"}}}}},
                         **ask)
         self.assertEqual(as_object.choices[0].message.content, object_text)
         self.assertEqual(as_object.choices[0].finish_reason, "stop")
@@ -395,7 +396,7 @@ class ChatTemplateServeTest(unittest.TestCase):
 
     def test_schema_keywords_replies_validate_with_jsonschema_formats(self):
         """A schema as Pydantic writes constrained fields (pattern, format, minLength/maxLength,
-        integer and number bounds) on the bundled random tiny OPT, sampled: every reply that stops validates
+        integer and number bounds, a tuple's prefixItems) on the bundled random tiny OPT, sampled: every reply that stops validates
         with the `jsonschema` package, its FormatChecker included (date, uuid and ipv4 are the
         formats it checks with the standard library alone), and bounds that the model's own
         sampling would miss hold. A format dschat does not follow is a 400 naming its key path."""
@@ -408,8 +409,10 @@ class ChatTemplateServeTest(unittest.TestCase):
             "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 100},
             "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
             "tag": {"type": "string", "minLength": 1, "maxLength": 4},
-            "at": {"type": "string", "format": "date-time"}},
-            "required": ["zip", "day", "id", "ip", "n", "score", "tag", "at"], "additionalProperties": False}
+            "at": {"type": "string", "format": "date-time"},
+            "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 3}],
+                     "minItems": 2, "maxItems": 2}},
+            "required": ["zip", "day", "id", "ip", "n", "score", "tag", "at", "pair"], "additionalProperties": False}
         response_format = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
         bad_format = {"type": "json_schema", "json_schema": {"name": "host", "schema": {
             "type": "object", "properties": {"host": {"type": "string", "format": "hostname"}}}}}

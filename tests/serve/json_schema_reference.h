@@ -144,6 +144,18 @@ inline bool keeps_scalar_keywords(const Json& value, const Json& schema) {
   return true;
 }
 
+// An array's item schemas: prefixItems then items (2020-12), or a list under items then
+// additionalItems (drafts 4 to 2019-09).
+inline Json tuple_prefix(const Json& schema) {
+  if (schema.contains("items") && schema["items"].is_array()) return schema["items"];
+  return schema.value("prefixItems", Json::array());
+}
+
+inline Json tuple_rest(const Json& schema) {
+  if (schema.contains("items") && schema["items"].is_array()) return schema.value("additionalItems", Json(true));
+  return schema.value("items", Json(true));
+}
+
 inline bool validates(const Json& value, const Json& schema, const Json& root) {
   if (schema.is_boolean()) return schema.get<bool>();
   if (schema.contains("$ref")) {
@@ -180,8 +192,9 @@ inline bool validates(const Json& value, const Json& schema, const Json& root) {
   }
   if (value.is_array()) {
     if (value.size() < schema.value("minItems", 0u) || value.size() > schema.value("maxItems", 1u << 30)) return false;
-    for (const Json& item : value) {
-      if (!validates(item, schema.value("items", Json(true)), root)) return false;
+    const Json prefix = tuple_prefix(schema), rest = tuple_rest(schema);
+    for (size_t i = 0; i < value.size(); ++i) {
+      if (!validates(value[i], i < prefix.size() ? prefix[i] : rest, root)) return false;
     }
   }
   return true;
@@ -250,11 +263,14 @@ inline std::string instance(const Json& schema, const Json& root, std::mt19937& 
   if (type == "boolean") return random() % 2 ? "true" : "false";
   if (type == "null") return "null";
   if (type == "array") {
-    const size_t lo = schema.value("minItems", 0u), hi = std::min<size_t>(schema.value("maxItems", 4u), 4);
+    const Json prefix = tuple_prefix(schema), rest = tuple_rest(schema);
+    size_t hi = std::min<size_t>(schema.value("maxItems", 4u), 4);
+    if (rest == Json(false)) hi = std::min(hi, prefix.size());
+    const size_t lo = schema.value("minItems", 0u);
     const size_t count = depth > 3 ? lo : lo + random() % (hi - lo + 1);
     std::string text = "[" + blanks(random);
     for (size_t i = 0; i < count; ++i) {
-      text += (i ? "," + blanks(random) : "") + instance(schema.value("items", Json(true)), root, random, depth + 1);
+      text += (i ? "," + blanks(random) : "") + instance(i < prefix.size() ? prefix[i] : rest, root, random, depth + 1);
     }
     return text + blanks(random) + "]";
   }

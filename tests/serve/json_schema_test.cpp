@@ -78,6 +78,12 @@ std::vector<Json> schemas() {
           {"type": "string", "format": "ipv4", "examples": ["192.168.0.1", "255.0.10.9"]},
           {"type": "integer", "minimum": 1000, "maximum": 1010},
           {"type": "integer", "maximum": -20}]}})"),
+      // Tuples, as Pydantic writes Tuple[int, str, Literal] and as drafts before 2020-12 did.
+      Json::parse(R"({"type": "array", "prefixItems": [{"type": "integer", "minimum": 0},
+          {"type": "string", "maxLength": 3, "examples": ["a", "xyz"]}, {"enum": ["x", "y"]}],
+        "items": false, "minItems": 2})"),
+      Json::parse(R"({"type": "array", "items": [{"type": "boolean"}], "additionalItems": {"type": "null"},
+        "maxItems": 3})"),
   };
 }
 
@@ -250,7 +256,9 @@ TEST(JsonSchemaCompiler, RefusesWhatItCannotFollowNamingTheKeyPath) {
       {R"({"type": "string", "enum": [1, 2]})", "s.enum"},
       {R"({"type": "array", "minItems": 3, "maxItems": 2})", "s.maxItems"},
       {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "s.required"},
-      {R"({"type": "array", "items": [{"type": "string"}]})", "s.items"},
+      {R"({"type": "array", "prefixItems": [{}], "items": false, "minItems": 2})", "s.items"},
+      {R"({"type": "array", "additionalItems": false})", "s.additionalItems"},
+      {R"({"type": "array", "prefixItems": {"type": "string"}})", "s.prefixItems"},
       {R"({"type": "string", "items": {}})", "s.items"},
       {R"({"anyOf": []})", "s.anyOf"},
       {R"({"type": "object", "anyOf": [{"type": "string"}]})", "s.anyOf[0].type"},
