@@ -3,6 +3,8 @@
 // value in bounds can still follow.
 #include "serve/json_machine.h"
 
+#include <algorithm>
+
 namespace dschat {
 namespace serve {
 namespace {
@@ -155,9 +157,14 @@ JsonMachine::Step JsonMachine::integer_digit(Path& path, char c) const {
 bool JsonMachine::integer_reachable(const Path& path) const {
   const JsonSchemaNode& node = at(path.checked_node);
   using Wide = __int128;
-  const auto fits = [&](Wide from, Wide to) {  // magnitudes [from, to]
-    const Wide lo = path.negative ? -to : from, hi = path.negative ? -from : to;
-    return lo <= node.maximum && hi >= node.minimum;
+  const auto fits = [&](Wide from, Wide to) {  // magnitudes [from, to]: some integer in bounds among them
+    const Wide lo = std::max<Wide>(path.negative ? -to : from, node.minimum);
+    const Wide hi = std::min<Wide>(path.negative ? -from : to, node.maximum);
+    if (lo > hi) return false;
+    if (node.multiple_of == 0) return true;
+    Wide quotient = lo / node.multiple_of;  // the first multiple at or above lo
+    if (quotient * node.multiple_of < lo) ++quotient;
+    return quotient * node.multiple_of <= hi;
   };
   const bool any_digits = path.number != Number::kMinus;
   if (!any_digits) return fits(0, Wide{INT64_MAX} + 1);
@@ -176,7 +183,8 @@ bool JsonMachine::integer_reachable(const Path& path) const {
 bool JsonMachine::integer_in_bounds(const Path& path) const {
   const JsonSchemaNode& node = at(path.checked_node);
   const __int128 value = path.negative ? -static_cast<__int128>(path.magnitude) : path.magnitude;
-  return value >= node.minimum && value <= node.maximum;
+  return value >= node.minimum && value <= node.maximum &&
+         (node.multiple_of == 0 || value % node.multiple_of == 0);
 }
 
 // A bounded number (json_decimal.h): no exponent, at most 15 significant digits.

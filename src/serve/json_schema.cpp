@@ -24,7 +24,7 @@ const std::set<std::string> kStructural = {"type", "properties", "required", "ad
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
                                            "nullable", "prefixItems", "additionalItems", "minLength", "maxLength",
                                            "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                                           "exclusiveMaximum"};
+                                           "exclusiveMaximum", "multipleOf"};
 const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties"};
 const std::set<std::string> kArrayKeywords = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"};
 
@@ -99,8 +99,8 @@ class Compiler {
                                             "type, properties, required, additionalProperties, items, prefixItems, "
                                             "additionalItems, minItems, "
                                             "maxItems, enum, const, anyOf, oneOf, $ref, nullable, minLength, "
-                                            "maxLength, pattern, format, minimum, maximum, exclusiveMinimum and "
-                                            "exclusiveMaximum)");
+                                            "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, "
+                                            "exclusiveMaximum and multipleOf)");
       }
     }
     if (schema.value("nullable", false)) {
@@ -154,6 +154,9 @@ class Compiler {
       if (keyword_of(detail::kNumberKeywords, key) && kind != Kind::kInteger && kind != Kind::kNumber) {
         throw bad_schema(where + "." + key, "is only for numbers");
       }
+      if (key == "multipleOf" && kind != Kind::kInteger) {
+        throw bad_schema(where + "." + key, "is followed on integers only (\"type\": \"integer\")");
+      }
     }
   }
 
@@ -169,7 +172,8 @@ class Compiler {
       const bool applies = kObjectKeywords.count(key) ? type == "object"
                            : kArrayKeywords.count(key) ? type == "array"
                            : keyword_of(detail::kStringKeywords, key) ? type == "string"
-                           : keyword_of(detail::kNumberKeywords, key) ? type == "integer" || type == "number"
+                           : keyword_of(detail::kNumberKeywords, key) || key == "multipleOf"
+                               ? type == "integer" || type == "number"
                                                                       : true;
       if (!applies) branch.erase(key);
     }

@@ -11,11 +11,11 @@
 // minItems, maxItems, enum, const, anyOf / oneOf (at most 64
 // branches, nested ones counted; a text that would need more at once is refused), $ref to "#",
 // "#/$defs/..." or "#/definitions/..." (recursion included), minLength, maxLength, pattern
-// (json_regex.h), format (date, time, date-time, uuid, email, ipv4), minimum / maximum /
+// (json_regex.h), format (date, time, date-time, uuid, email, ipv4, uri), minimum / maximum /
 // exclusiveMinimum / exclusiveMaximum on integers and numbers (bounds of at most 15 significant
-// digits; on any enum's values too), and the annotations (title, description, default,
-// examples, ...). Any other keyword (multipleOf, uniqueItems, another format, ...) is refused by
-// name: the constraint would be silently dropped otherwise.
+// digits), multipleOf on integers (these on any enum's values too), and the annotations (title,
+// description, default, examples, ...). Any other keyword (uniqueItems, another format, ...) is
+// refused by name: the constraint would be silently dropped otherwise.
 
 #include <nlohmann/json.hpp>
 
@@ -54,11 +54,12 @@ struct JsonSchemaNode {
   int64_t min_length = 0;
   int64_t max_length = -1;
   int32_t pattern = -1;
-  // kInteger: within [minimum, maximum] when bounded. kNumber: from number_from to number_to
-  // (json_decimal.h) when bounded.
+  // kInteger: within [minimum, maximum] and a multiple of multiple_of (0: any) when bounded.
+  // kNumber: from number_from to number_to (json_decimal.h) when bounded.
   bool bounded = false;
   int64_t minimum = 0;
   int64_t maximum = 0;
+  int64_t multiple_of = 0;
   JsonDecimalEnd number_from, number_to;
   // kEnum: the allowed values as compact JSON texts, sorted (a prefix's candidates are a range).
   std::vector<std::string> values;

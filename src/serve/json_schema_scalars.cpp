@@ -27,6 +27,12 @@ const std::string kDate = kYear + "-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01
 const std::string kTime = "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,6})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
 const std::string kOctet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
 const std::string kHexDigit = "[0-9a-fA-F]";
+// RFC 3986's URIs of the web's schemes with a host name: pchar is a path character or a
+// percent-encoded byte.
+const std::string kUriLabel = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?";
+const std::string kUriChar = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+const std::string kUri = "^(?:https?|ftp)://" + kUriLabel + "(?:\\." + kUriLabel + ")*(?::[0-9]{1,5})?(?:/" + kUriChar +
+                         "*)*(?:\\?(?:" + kUriChar + "|[/?])*)?(?:#(?:" + kUriChar + "|[/?])*)?$";
 
 const std::map<std::string, std::string>& format_patterns() {
   static const std::map<std::string, std::string> patterns = {
@@ -37,6 +43,7 @@ const std::map<std::string, std::string>& format_patterns() {
                    "{12}$"},
       {"email", "^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}$"},
       {"ipv4", "^(?:" + kOctet + "\\.){3}" + kOctet + "$"},
+      {"uri", kUri},
   };
   return patterns;
 }
@@ -57,7 +64,7 @@ std::string string_pattern(const SchemaJson& schema, const std::string& where, s
     const auto found = format.is_string() ? format_patterns().find(format.get<std::string>()) : format_patterns().end();
     if (found == format_patterns().end()) {
       throw bad_keyword(where + ".format", "is " + format.dump() + ", which schema-guided decoding does not follow "
-                                           "(it follows date, time, date-time, uuid, email and ipv4)");
+                                           "(it follows date, time, date-time, uuid, email, ipv4 and uri)");
     }
     pattern_where = where + ".format";
     return found->second;
@@ -194,7 +201,7 @@ void compile_string_keywords(const SchemaJson& schema, const std::string& where,
 }
 
 void compile_number_keywords(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf) {
-  bool any = false;
+  bool any = schema.contains("multipleOf");
   for (const std::string& key : kNumberKeywords) any = any || schema.contains(key);
   if (!any) return;
   if (leaf.kind == JsonSchemaNode::Kind::kNumber) return compile_number_bounds(schema, where, leaf);
@@ -206,6 +213,14 @@ void compile_integer_bounds(const SchemaJson& schema, const std::string& where, 
   long double lo = static_cast<long double>(std::numeric_limits<int64_t>::min());
   long double hi = static_cast<long double>(std::numeric_limits<int64_t>::max());
   bool any = false;
+  if (schema.contains("multipleOf")) {
+    const long double step = number_bound(schema, "multipleOf", where);
+    if (step <= 0 || step != std::floor(step) || step > static_cast<long double>(int64_t{1} << 62)) {
+      throw bad_keyword(where + ".multipleOf", "must be a positive integer (up to 2^62) on an integer");
+    }
+    leaf.multiple_of = static_cast<int64_t>(step);
+    any = true;
+  }
   for (const std::string& key : kNumberKeywords) {
     if (!schema.contains(key)) continue;
     any = true;
@@ -217,9 +232,20 @@ void compile_integer_bounds(const SchemaJson& schema, const std::string& where, 
   }
   if (!any) return;
   if (lo > hi) throw bad_keyword(where, "allows no integer between its minimum and maximum");
+  __int128 first = static_cast<int64_t>(lo), last = static_cast<int64_t>(hi);
+  if (leaf.multiple_of > 0) {  // the first and last multiples within the bounds
+    const __int128 step = leaf.multiple_of;
+    __int128 quotient = first / step;  // rounded towards zero
+    if (quotient * step < first) ++quotient;
+    first = quotient * step;
+    quotient = last / step;
+    if (quotient * step > last) --quotient;
+    last = quotient * step;
+  }
+  if (first > last) throw bad_keyword(where, "allows no integer between its minimum and maximum");
   leaf.bounded = true;
-  leaf.minimum = static_cast<int64_t>(lo);
-  leaf.maximum = static_cast<int64_t>(hi);
+  leaf.minimum = static_cast<int64_t>(first);
+  leaf.maximum = static_cast<int64_t>(last);
 }
 
 bool keeps_scalar_keywords(const SchemaJson& value, const SchemaJson& schema, const std::string& where) {
@@ -245,6 +271,10 @@ bool keeps_scalar_keywords(const SchemaJson& value, const SchemaJson& schema, co
     const bool kept = key == "minimum" ? number >= bound : key == "maximum" ? number <= bound
                       : key == "exclusiveMinimum" ? number > bound : number < bound;
     if (!kept) return false;
+  }
+  if (schema.contains("multipleOf")) {
+    const long double step = number_bound(schema, "multipleOf", where);
+    if (step <= 0 || std::fmod(number, step) != 0) return false;
   }
   return true;
 }

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_fixture import CLI, TINY_MODEL, TOKENIZER, ServedModels  # noqa: E402
@@ -396,7 +397,7 @@ class ChatTemplateServeTest(unittest.TestCase):
 
     def test_schema_keywords_replies_validate_with_jsonschema_formats(self):
         """A schema as Pydantic writes constrained fields (pattern, format, minLength/maxLength,
-        integer and number bounds, a tuple's prefixItems) on the bundled random tiny OPT, sampled: every reply that stops validates
+        integer and number bounds, multipleOf, a tuple's prefixItems) on the bundled random tiny OPT, sampled: every reply that stops validates
         with the `jsonschema` package, its FormatChecker included (date, uuid and ipv4 are the
         formats it checks with the standard library alone), and bounds that the model's own
         sampling would miss hold. A format dschat does not follow is a 400 naming its key path."""
@@ -406,17 +407,20 @@ class ChatTemplateServeTest(unittest.TestCase):
             "day": {"type": "string", "format": "date"},
             "id": {"type": "string", "format": "uuid"},
             "ip": {"type": "string", "format": "ipv4"},
-            "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 100},
+            "n": {"type": "integer", "minimum": 10, "exclusiveMaximum": 100, "multipleOf": 5},
             "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
             "tag": {"type": "string", "minLength": 1, "maxLength": 4},
             "at": {"type": "string", "format": "date-time"},
             "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 3}],
-                     "minItems": 2, "maxItems": 2}},
-            "required": ["zip", "day", "id", "ip", "n", "score", "tag", "at", "pair"], "additionalProperties": False}
+                     "minItems": 2, "maxItems": 2},
+            # Pydantic's HttpUrl, with maxLength 48 for its 2083 so that a random model's path ends
+            "url": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 48}},
+            "required": ["zip", "day", "id", "ip", "n", "score", "tag", "at", "pair", "url"],
+            "additionalProperties": False}
         response_format = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
         bad_format = {"type": "json_schema", "json_schema": {"name": "host", "schema": {
             "type": "object", "properties": {"host": {"type": "string", "format": "hostname"}}}}}
-        ask = dict(model="tiny", messages=MESSAGES, max_tokens=200, temperature=1.0, n=8)
+        ask = dict(model="tiny", messages=MESSAGES, max_tokens=230, temperature=1.0, n=8)
         with ServedModels(models=[f"tiny={TINY_MODEL}"]) as server:
             client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
             shaped = client.chat.completions.create(response_format=response_format, seed=3, **ask).choices
@@ -430,8 +434,10 @@ class ChatTemplateServeTest(unittest.TestCase):
         for choice in stopped:
             value = json.loads(choice.message.content)
             jsonschema.validate(value, schema, format_checker=checker)
-            self.assertTrue(10 <= value["n"] < 100 and 0 < value["score"] <= 1 and 1 <= len(value["tag"]) <= 4,
-                            choice.message.content)
+            self.assertTrue(10 <= value["n"] < 100 and value["n"] % 5 == 0 and 0 < value["score"] <= 1 and
+                            1 <= len(value["tag"]) <= 4, choice.message.content)
+            url = urllib.parse.urlsplit(value["url"])  # jsonschema checks uri only with rfc3987 installed
+            self.assertTrue(url.scheme in ("http", "https", "ftp") and url.hostname, value["url"])
 
     def test_named_and_required_tool_choice_from_a_scripted_model(self):
         """A named tool_choice and "required" with Qwen2.5's template (the tools are in the prompt,

@@ -39,6 +39,9 @@ TEST(JsonSchemaKeywords, IntegersAreAcceptedExactlyWithinTheirBounds) {
       R"({"type": "integer", "exclusiveMinimum": -0.5, "maximum": 0.5})",
       R"({"type": "integer", "minimum": 9223372036854775800})",
       R"({"type": "integer", "maximum": -9223372036854775800})",
+      R"({"type": "integer", "multipleOf": 7, "minimum": -30, "maximum": 1000})",
+      R"({"type": "integer", "multipleOf": 5, "exclusiveMinimum": 1003})",
+      R"({"type": "integer", "multipleOf": 1000000007})",
   };
   for (const std::string& text : schemas) {
     const Json schema = Json::parse(text);
@@ -48,7 +51,8 @@ TEST(JsonSchemaKeywords, IntegersAreAcceptedExactlyWithinTheirBounds) {
       for (int64_t delta = -1100; delta <= 1100; ++delta) {
         if ((delta < 0 && centre < kMin - delta) || (delta > 0 && centre > kMax - delta)) continue;
         const int64_t value = centre + delta;
-        const bool inside = value >= node.minimum && value <= node.maximum;
+        const bool inside =
+            value >= node.minimum && value <= node.maximum && (node.multiple_of == 0 || value % node.multiple_of == 0);
         ASSERT_EQ(accepts(*compiled, std::to_string(value)), inside) << text << ": " << value;
         ASSERT_EQ(inside, reference::text_validates(std::to_string(value), schema)) << text << ": " << value;
       }
@@ -60,6 +64,9 @@ TEST(JsonSchemaKeywords, IntegersAreAcceptedExactlyWithinTheirBounds) {
   EXPECT_FALSE(accepts(*zero, "-1"));
   JsonMachine machine(*zero);
   EXPECT_FALSE(machine.feed("4")) << "refused at its first digit: no integer in bounds begins with 4";
+  const auto sevens = compile_json_schema(Json::parse(R"({"type": "integer", "multipleOf": 7, "maximum": 20})"), "s");
+  JsonMachine two(*sevens);
+  EXPECT_FALSE(two.feed("2")) << "2, 20..29 and longer hold no multiple of 7 up to 20";
   const auto negative = compile_json_schema(Json::parse(R"({"type": "integer", "minimum": 10})"), "s");
   JsonMachine sign(*negative);
   EXPECT_FALSE(sign.feed('-')) << "no negative integer is in bounds";
@@ -145,11 +152,12 @@ TEST(JsonSchemaKeywords, FormatsRefuseTheirNearMisses) {
       {"uuid", {"123e4567e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456-42661417400g"}},
       {"ipv4", {"256.1.1.1", "01.1.1.1", "1.1.1", "1.1.1.1.1"}},
       {"email", {"a@b", "@b.co", "a@@b.co"}},
+      {"uri", {"http//x", "http://", "http://a b", "http://x/%zz", "http://-x.com"}},
   };
   const std::vector<std::pair<std::string, std::string>> good = {
       {"date", "2024-02-28"}, {"date-time", "2024-01-01T23:59:59.123456-08:00"}, {"time", "00:00:00Z"},
       {"uuid", "123E4567-e89b-12d3-a456-426614174000"}, {"ipv4", "0.10.200.255"},
-      {"email", "first.last+x@mail.example.org"}};
+      {"email", "first.last+x@mail.example.org"}, {"uri", "https://example.com:8080/a/b%20c?q=1&r=/x#frag"}};
   for (const auto& [format, misses] : cases) {
     const Json schema = {{"type", "string"}, {"format", format}};
     const auto compiled = compile_json_schema(schema, "s");

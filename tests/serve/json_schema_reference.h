@@ -88,6 +88,27 @@ inline bool is_format(const std::string& format, const std::string& s) {
     const size_t at = s.find('@');
     return at != std::string::npos && at > 0 && at + 1 < s.size() && s.find('@', at + 1) == std::string::npos;
   }
+  if (format == "uri") {  // RFC 3986: a scheme, ':', then URI characters and %-encoded bytes
+    const size_t colon = s.find(':');
+    if (colon == std::string::npos || colon == 0 || !std::isalpha(static_cast<unsigned char>(s[0]))) return false;
+    for (size_t i = 0; i < colon; ++i) {
+      if (!std::isalnum(static_cast<unsigned char>(s[i])) && s[i] != '+' && s[i] != '-' && s[i] != '.') return false;
+    }
+    static const std::string kUriCharacters = "-._~:/?#[]@!$&'()*+,;=";
+    for (size_t i = colon + 1; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c == '%') {
+        if (i + 2 >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i + 1])) ||
+            !std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+          return false;
+        }
+        i += 2;
+      } else if (!std::isalnum(c) && kUriCharacters.find(static_cast<char>(c)) == std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  }
   if (format == "ipv4") {
     size_t at = 0;
     for (int octet = 0; octet < 4; ++octet) {
@@ -140,6 +161,7 @@ inline bool keeps_scalar_keywords(const Json& value, const Json& schema) {
     if (schema.contains("maximum") && number > as_long_double(schema["maximum"])) return false;
     if (schema.contains("exclusiveMinimum") && number <= as_long_double(schema["exclusiveMinimum"])) return false;
     if (schema.contains("exclusiveMaximum") && number >= as_long_double(schema["exclusiveMaximum"])) return false;
+    if (schema.contains("multipleOf") && std::fmod(number, as_long_double(schema["multipleOf"])) != 0) return false;
   }
   return true;
 }

@@ -184,8 +184,8 @@ TEST(ChatToolRequest, BadToolsAndTurnsNameTheirKey) {
       {R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "w"}})",
        "response_format.json_schema.schema"},
       {R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object",
-           "properties": {"n": {"type": "integer", "multipleOf": 3}}}}})",
-       "response_format.json_schema.schema.properties.n.multipleOf"},
+           "properties": {"n": {"type": "array", "uniqueItems": true}}}}})",
+       "response_format.json_schema.schema.properties.n.uniqueItems"},
       {R"(, "functions": [{"name": "f"}])", "functions"},
   };
   for (const auto& [extra, param] : bad) {
