@@ -24,7 +24,7 @@ const std::set<std::string> kStructural = {"type", "properties", "required", "ad
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
                                            "nullable", "prefixItems", "additionalItems", "minLength", "maxLength",
                                            "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-                                           "exclusiveMaximum", "multipleOf"};
+                                           "exclusiveMaximum", "multipleOf", "allOf"};
 const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties"};
 const std::set<std::string> kArrayKeywords = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"};
 
@@ -100,7 +100,7 @@ class Compiler {
                                             "additionalItems, minItems, "
                                             "maxItems, enum, const, anyOf, oneOf, $ref, nullable, minLength, "
                                             "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, "
-                                            "exclusiveMaximum and multipleOf)");
+                                            "exclusiveMaximum, multipleOf and allOf of one schema)");
       }
     }
     if (schema.value("nullable", false)) {
@@ -108,6 +108,7 @@ class Compiler {
       rest.erase("nullable");
       return any_of({rest, SchemaJson{{"type", "null"}}}, where);
     }
+    if (schema.contains("allOf")) return all_of(schema, where);
     if (schema.contains("$ref")) return reference(schema, where);
     for (const char* key : {"anyOf", "oneOf"}) {
       if (schema.contains(key)) return any_of_with_siblings(schema, key, where);
@@ -303,23 +304,32 @@ class Compiler {
     const SchemaJson& list = schema[key];
     if (!list.is_array() || list.empty()) throw bad_schema(where + "." + key, "must be a non-empty list of schemas");
     std::vector<SchemaJson> branches;
-    for (size_t i = 0; i < list.size(); ++i) {
-      SchemaJson branch = list[i];
-      if (!branch.is_object()) {
-        branches.push_back(branch);
-        continue;
-      }
-      for (const auto& [sibling, value] : schema.items()) {
-        if (sibling == key || kAnnotations.count(sibling)) continue;
-        if (branch.contains(sibling) && branch[sibling] != value) {
-          throw bad_schema(where + "." + key + "[" + std::to_string(i) + "]." + sibling,
-                           "differs from the '" + sibling + "' beside " + key + " (intersections are not supported)");
-        }
-        branch[sibling] = value;
-      }
-      branches.push_back(std::move(branch));
-    }
+    for (size_t i = 0; i < list.size(); ++i) branches.push_back(with_siblings(schema, key, i, where));
     return any_of(branches, where + "." + key);
+  }
+
+  // Branch i of schema[key] with the keywords beside `key` added.
+  static SchemaJson with_siblings(const SchemaJson& schema, const char* key, size_t i, const std::string& where) {
+    SchemaJson branch = schema[key][i];
+    if (!branch.is_object()) return branch;
+    for (const auto& [sibling, value] : schema.items()) {
+      if (sibling == key || kAnnotations.count(sibling)) continue;
+      if (branch.contains(sibling) && branch[sibling] != value) {
+        throw bad_schema(where + "." + key + "[" + std::to_string(i) + "]." + sibling,
+                         "differs from the '" + sibling + "' beside " + key + " (intersections are not supported)");
+      }
+      branch[sibling] = value;
+    }
+    return branch;
+  }
+
+  // {"allOf": [X], ...}: X with the keywords beside it (Pydantic v1 wraps a described $ref so).
+  int32_t all_of(const SchemaJson& schema, const std::string& where) {
+    const SchemaJson& list = schema["allOf"];
+    if (!list.is_array() || list.size() != 1) {
+      throw bad_schema(where + ".allOf", "is followed with one schema only (intersections are not supported)");
+    }
+    return node(with_siblings(schema, "allOf", 0, where), where + ".allOf[0]");
   }
 
   int32_t type_list(const SchemaJson& schema, const std::string& where) {

@@ -184,6 +184,9 @@ inline bool validates(const Json& value, const Json& schema, const Json& root) {
     return validates(value, root.at(Json::json_pointer(schema["$ref"].get<std::string>().substr(1))), root);
   }
   if (schema.value("nullable", false) && value.is_null()) return true;
+  for (const Json& branch : schema.value("allOf", Json::array())) {
+    if (!validates(value, branch, root)) return false;
+  }
   for (const char* key : {"anyOf", "oneOf"}) {
     if (!schema.contains(key)) continue;
     int matches = 0;
@@ -255,6 +258,13 @@ inline std::string instance(const Json& schema, const Json& root, std::mt19937& 
   if (schema.is_boolean() || schema.empty()) {  // any value
     static const char* const kAny[] = {"0", "-2.5e3", "\"s\"", "true", "null", "[1, {\"k\": []}]", "{}"};
     return kAny[random() % 7];
+  }
+  if (schema.contains("allOf")) {  // of one schema: it, with the keywords beside it
+    Json merged = schema["allOf"][0];
+    for (const auto& [key, value] : schema.items()) {
+      if (key != "allOf") merged[key] = value;
+    }
+    return instance(merged, root, random, depth);
   }
   if (schema.contains("$ref")) {
     return instance(root.at(Json::json_pointer(schema["$ref"].get<std::string>().substr(1))), root, random, depth);

@@ -85,6 +85,10 @@ std::vector<Json> schemas() {
         "items": false, "minItems": 2})"),
       Json::parse(R"({"type": "array", "items": [{"type": "boolean"}], "additionalItems": {"type": "null"},
         "maxItems": 3})"),
+      // Pydantic v1's described reference: allOf of one $ref beside a description.
+      Json::parse(R"({"definitions": {"Color": {"enum": ["red", "green"], "type": "string"}}, "type": "object",
+        "properties": {"color": {"allOf": [{"$ref": "#/definitions/Color"}], "description": "the color"},
+          "n": {"allOf": [{"type": "integer"}], "maximum": 5}}, "required": ["color"]})"),
   };
 }
 
@@ -239,6 +243,7 @@ TEST(JsonSchemaCompiler, RefusesWhatItCannotFollowNamingTheKeyPath) {
       {R"({"type": "number", "minimum": 0.1234567890123456})", "s.minimum"},
       {R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "s"},
       {R"({"type": "array", "uniqueItems": true})", "s.uniqueItems"},
+      {R"({"allOf": [{"type": "integer"}, {"minimum": 0}]})", "s.allOf"},
       {R"({"type": "number", "multipleOf": 0.5})", "s.multipleOf"},
       {R"({"type": "integer", "multipleOf": 0})", "s.multipleOf"},
       {R"({"type": "integer", "multipleOf": 4, "minimum": 1, "maximum": 3})", "s"},
