@@ -17,9 +17,11 @@ namespace {
 using SchemaJson = nlohmann::ordered_json;
 using Kind = JsonSchemaNode::Kind;
 
+// Keywords that constrain nothing: OpenAPI's discriminator names the property that tells a oneOf's
+// branches apart (Pydantic's discriminated unions), which their consts already enforce.
 const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
                                             "$comment", "deprecated", "readOnly", "writeOnly", "$defs",
-                                            "definitions"};
+                                            "definitions", "discriminator"};
 const std::set<std::string> kStructural = {"type", "properties", "required", "additionalProperties", "items",
                                            "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref",
                                            "nullable", "prefixItems", "additionalItems", "minLength", "maxLength",

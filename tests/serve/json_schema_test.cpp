@@ -39,7 +39,7 @@ std::vector<Json> schemas() {
           "role": {"enum": ["admin", "user", 1, 12, 1.5, null, true, {"a": [1]}]},
           "score": {"type": ["number", "null"]}},
         "required": ["name", "age"], "additionalProperties": false})"),
-      Json::parse(R"({"anyOf": [
+      Json::parse(R"({"discriminator": {"propertyName": "kind"}, "anyOf": [
           {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
            "required": ["kind", "r"]},
           {"type": "object", "properties": {"kind": {"const": "rect"}, "w": {"type": "number"},
