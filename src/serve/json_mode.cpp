@@ -8,19 +8,13 @@ namespace dschat {
 namespace serve {
 namespace {
 
-// Bytes that leave a JSON string open and change nothing in it: no quote, backslash or control.
-bool plain_string_bytes(const char* bytes, size_t size) {
-  for (size_t i = 0; i < size; ++i) {
-    if (bytes[i] == '"' || bytes[i] == '\\' || static_cast<unsigned char>(bytes[i]) < 0x20) return false;
-  }
-  return true;
-}
-
-// Plain characters that are each one code point: what a length-bounded string counts per byte.
-bool plain_ascii_bytes(const char* bytes, size_t size) {
+// Bytes that leave a JSON string open and change nothing in it: no quote, backslash or control;
+// with `ascii_only`, each also one code point (what a length-bounded string counts per byte).
+bool plain_string_bytes(const char* bytes, size_t size, bool ascii_only) {
+  const unsigned limit = ascii_only ? 0x80 : 0x100;
   for (size_t i = 0; i < size; ++i) {
     const auto byte = static_cast<unsigned char>(bytes[i]);
-    if (byte == '"' || byte == '\\' || byte < 0x20 || byte >= 0x80) return false;
+    if (byte == '"' || byte == '\\' || byte < 0x20 || byte >= limit) return false;
   }
   return true;
 }
@@ -99,11 +93,12 @@ torch::Tensor JsonConstraint::allowed(const std::vector<int64_t>& generated, int
           continue;
         }
       }
-      if (in_string && plain_string_bytes(bytes, size)) {  // stays inside the string: no probe needed
+      // Stays inside the string: no probe needed.
+      if (in_string && plain_string_bytes(bytes, size, /*ascii_only=*/false)) {
         allow[id] = any = true;
         continue;
       }
-      if (room >= 0 && plain_ascii_bytes(bytes, size)) {  // one code point per byte, if they fit
+      if (room >= 0 && plain_string_bytes(bytes, size, /*ascii_only=*/true)) {  // one code point per byte, if they fit
         allow[id] = static_cast<int64_t>(size) <= room;
         any = any || allow[id];
         continue;

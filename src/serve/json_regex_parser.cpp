@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "serve/openai_protocol.h"
+#include "tokenizer/unicode.h"
 
 namespace dschat {
 namespace serve {
@@ -39,7 +40,6 @@ CodeRanges complement_ranges(const CodeRanges& ranges, uint32_t last) {
   return out;
 }
 
-
 namespace {
 
 // ECMA-262's pattern grammar, the supported part (json_regex.h).
@@ -49,6 +49,7 @@ class PatternParser {
 
   // The whole pattern; `anchored_start` / `anchored_end` report a leading ^ / trailing $.
   PatternAst run(bool& anchored_start, bool& anchored_end) {
+    if (tokenizer::find_invalid_utf8(text_) != std::string_view::npos) fail("is not valid UTF-8");
     anchored_start = !text_.empty() && text_[0] == '^';
     anchored_end = ends_with_anchor();
     at_ = anchored_start ? 1 : 0;
@@ -178,20 +179,8 @@ class PatternParser {
     return node;
   }
 
-  // One UTF-8 character of the pattern.
-  uint32_t code_point() {
-    const auto byte = [&](size_t i) { return static_cast<unsigned char>(text_[i]); };
-    const unsigned char lead = byte(at_++);
-    if (lead < 0x80) return lead;
-    const int extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : -1;
-    if (extra < 0 || at_ + static_cast<size_t>(extra) > end_) fail("is not valid UTF-8");
-    uint32_t value = lead & (0x3F >> extra);
-    for (int i = 0; i < extra; ++i) {
-      if ((byte(at_) & 0xC0) != 0x80) fail("is not valid UTF-8");
-      value = (value << 6) | (byte(at_++) & 0x3F);
-    }
-    return value;
-  }
+  // One character of the pattern (run() checked it is UTF-8).
+  uint32_t code_point() { return tokenizer::next_code_point(text_, at_); }
 
   uint32_t hex(int digits) {
     uint32_t value = 0;

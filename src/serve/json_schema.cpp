@@ -40,10 +40,6 @@ bool any_of_keys(const SchemaJson& schema, const std::vector<std::string>& keys)
 // The byte machine follows at most this many branches at once (JsonMachine::kMaxPaths).
 constexpr size_t kMaxBranches = 64;
 
-ApiError bad_schema(const std::string& where, const std::string& rule) {
-  return ApiError(400, "'" + where + "' " + rule, where);
-}
-
 const std::map<std::string, Kind> kTypes = {{"object", Kind::kObject},   {"array", Kind::kArray},
                                             {"string", Kind::kString},   {"number", Kind::kNumber},
                                             {"integer", Kind::kInteger}, {"boolean", Kind::kBoolean},
@@ -91,13 +87,13 @@ class Compiler {
 
   int32_t node(const SchemaJson& schema, const std::string& where) {
     if (schema.is_boolean()) {
-      if (!schema.get<bool>()) throw bad_schema(where, "is false: it allows no value at all");
+      if (!schema.get<bool>()) throw bad_key(where, "is false: it allows no value at all");
       return any_node();
     }
-    if (!schema.is_object()) throw bad_schema(where, "must be a JSON Schema (an object or a boolean)");
+    if (!schema.is_object()) throw bad_key(where, "must be a JSON Schema (an object or a boolean)");
     for (const auto& [key, value] : schema.items()) {
       if (kAnnotations.count(key) == 0 && kStructural.count(key) == 0) {
-        throw bad_schema(where + "." + key, "is not supported by dschat serve's schema-guided decoding (it follows "
+        throw bad_key(where + "." + key, "is not supported by dschat serve's schema-guided decoding (it follows "
                                             "type, properties, required, additionalProperties, items, prefixItems, "
                                             "additionalItems, minItems, "
                                             "maxItems, enum, const, anyOf, oneOf, $ref, nullable, minLength, "
@@ -121,7 +117,7 @@ class Compiler {
     if (schema.contains("type")) {
       const SchemaJson& type = schema["type"];
       if (!type.is_string() || kTypes.count(type.get<std::string>()) == 0) {
-        throw bad_schema(where + ".type", "must be one of object, array, string, number, integer, boolean, null "
+        throw bad_key(where + ".type", "must be one of object, array, string, number, integer, boolean, null "
                                           "(or a list of them)");
       }
       kind = kTypes.at(type.get<std::string>());
@@ -153,12 +149,12 @@ class Compiler {
                          : kArrayKeywords.count(key) && kind != Kind::kArray  ? "arrays"
                          : keyword_of(detail::kStringKeywords, key) && kind != Kind::kString ? "strings"
                                                                                               : nullptr;
-      if (only) throw bad_schema(where + "." + key, std::string("is only for ") + only);
+      if (only) throw bad_key(where + "." + key, std::string("is only for ") + only);
       if (keyword_of(detail::kNumberKeywords, key) && kind != Kind::kInteger && kind != Kind::kNumber) {
-        throw bad_schema(where + "." + key, "is only for numbers");
+        throw bad_key(where + "." + key, "is only for numbers");
       }
       if (key == "multipleOf" && kind != Kind::kInteger) {
-        throw bad_schema(where + "." + key, "is followed on integers only (\"type\": \"integer\")");
+        throw bad_key(where + "." + key, "is followed on integers only (\"type\": \"integer\")");
       }
     }
   }
@@ -190,15 +186,15 @@ class Compiler {
     std::set<std::string> required;
     if (schema.contains("required")) {
       const SchemaJson& names = schema["required"];
-      if (!names.is_array()) throw bad_schema(where + ".required", "must be a list of property names");
+      if (!names.is_array()) throw bad_key(where + ".required", "must be a list of property names");
       for (const SchemaJson& name : names) {
-        if (!name.is_string()) throw bad_schema(where + ".required", "must be a list of property names");
+        if (!name.is_string()) throw bad_key(where + ".required", "must be a list of property names");
         required.insert(name.get<std::string>());
       }
     }
     if (schema.contains("properties")) {
       const SchemaJson& properties = schema["properties"];
-      if (!properties.is_object()) throw bad_schema(where + ".properties", "must be an object of schemas");
+      if (!properties.is_object()) throw bad_key(where + ".properties", "must be an object of schemas");
       for (const auto& [key, value] : properties.items()) {
         JsonSchemaNode::Property property;
         property.key_text = SchemaJson(key).dump();
@@ -208,11 +204,11 @@ class Compiler {
       }
       for (const std::string& name : required) {
         if (!properties.contains(name)) {
-          throw bad_schema(where + ".required", "names '" + name + "', which is not in properties");
+          throw bad_key(where + ".required", "names '" + name + "', which is not in properties");
         }
       }
     } else {
-      if (!required.empty()) throw bad_schema(where + ".required", "names properties, but the object declares none");
+      if (!required.empty()) throw bad_key(where + ".required", "names properties, but the object declares none");
       const SchemaJson additional = schema.value("additionalProperties", SchemaJson(true));
       if (!(additional.is_boolean() && !additional.get<bool>())) {
         object.additional = node(additional, where + ".additionalProperties");
@@ -239,12 +235,12 @@ class Compiler {
     const char* rest_key = listed ? "additionalItems" : "items";
     if (schema.contains(prefix_key)) {
       const SchemaJson& prefix = schema[prefix_key];
-      if (!prefix.is_array()) throw bad_schema(where + "." + prefix_key, "must be a list of schemas");
+      if (!prefix.is_array()) throw bad_key(where + "." + prefix_key, "must be a list of schemas");
       for (size_t i = 0; i < prefix.size(); ++i) {
         array.prefix_items.push_back(node(prefix[i], where + "." + prefix_key + "[" + std::to_string(i) + "]"));
       }
     } else if (schema.contains("additionalItems")) {
-      throw bad_schema(where + ".additionalItems", "is only for a list under items");
+      throw bad_key(where + ".additionalItems", "is only for a list under items");
     }
     const SchemaJson rest = schema.value(rest_key, SchemaJson(true));
     if (rest.is_boolean() && !rest.get<bool>()) {
@@ -255,7 +251,7 @@ class Compiler {
       array.items = node(rest, where + "." + rest_key);
     }
     if (array.max_items >= 0 && array.max_items < array.min_items) {
-      throw bad_schema(where + (schema.contains("maxItems") ? ".maxItems" : "." + std::string(rest_key)),
+      throw bad_key(where + (schema.contains("maxItems") ? ".maxItems" : "." + std::string(rest_key)),
                        "leaves fewer items than minItems");
     }
     schema_->nodes[static_cast<size_t>(index)] = std::move(array);
@@ -265,11 +261,11 @@ class Compiler {
   int32_t enumeration(const SchemaJson& schema, const std::string& where) {
     const char* key = schema.contains("const") ? "const" : "enum";
     const SchemaJson values = schema.contains("const") ? SchemaJson::array({schema["const"]}) : schema["enum"];
-    if (!values.is_array() || values.empty()) throw bad_schema(where + ".enum", "must be a non-empty list of values");
+    if (!values.is_array() || values.empty()) throw bad_key(where + ".enum", "must be a non-empty list of values");
     std::optional<Kind> type;
     if (schema.contains("type")) {
       if (!schema["type"].is_string() || kTypes.count(schema["type"].get<std::string>()) == 0) {
-        throw bad_schema(where + ".type", "must be a JSON Schema type");
+        throw bad_key(where + ".type", "must be a JSON Schema type");
       }
       type = kTypes.at(schema["type"].get<std::string>());
     }
@@ -280,7 +276,7 @@ class Compiler {
         node.values.push_back(value.dump());
       }
     }
-    if (node.values.empty()) throw bad_schema(where + "." + key, "holds no value of the schema's type and keywords");
+    if (node.values.empty()) throw bad_key(where + "." + key, "holds no value of the schema's type and keywords");
     std::sort(node.values.begin(), node.values.end());
     node.values.erase(std::unique(node.values.begin(), node.values.end()), node.values.end());
     return add(std::move(node));
@@ -288,7 +284,7 @@ class Compiler {
 
   int32_t any_of(const std::vector<SchemaJson>& branches, const std::string& where) {
     if (branches.size() > kMaxBranches) {
-      throw bad_schema(where, "has " + std::to_string(branches.size()) + " branches; at most " +
+      throw bad_key(where, "has " + std::to_string(branches.size()) + " branches; at most " +
                                   std::to_string(kMaxBranches) + " are followed");
     }
     const int32_t index = add(JsonSchemaNode{});
@@ -304,7 +300,7 @@ class Compiler {
   // {"type": "object", "anyOf": [...]}: each branch takes the keywords beside anyOf as well.
   int32_t any_of_with_siblings(const SchemaJson& schema, const char* key, const std::string& where) {
     const SchemaJson& list = schema[key];
-    if (!list.is_array() || list.empty()) throw bad_schema(where + "." + key, "must be a non-empty list of schemas");
+    if (!list.is_array() || list.empty()) throw bad_key(where + "." + key, "must be a non-empty list of schemas");
     std::vector<SchemaJson> branches;
     for (size_t i = 0; i < list.size(); ++i) branches.push_back(with_siblings(schema, key, i, where));
     return any_of(branches, where + "." + key);
@@ -317,7 +313,7 @@ class Compiler {
     for (const auto& [sibling, value] : schema.items()) {
       if (sibling == key || kAnnotations.count(sibling)) continue;
       if (branch.contains(sibling) && branch[sibling] != value) {
-        throw bad_schema(where + "." + key + "[" + std::to_string(i) + "]." + sibling,
+        throw bad_key(where + "." + key + "[" + std::to_string(i) + "]." + sibling,
                          "differs from the '" + sibling + "' beside " + key + " (intersections are not supported)");
       }
       branch[sibling] = value;
@@ -329,7 +325,7 @@ class Compiler {
   int32_t all_of(const SchemaJson& schema, const std::string& where) {
     const SchemaJson& list = schema["allOf"];
     if (!list.is_array() || list.size() != 1) {
-      throw bad_schema(where + ".allOf", "is followed with one schema only (intersections are not supported)");
+      throw bad_key(where + ".allOf", "is followed with one schema only (intersections are not supported)");
     }
     return node(with_siblings(schema, "allOf", 0, where), where + ".allOf[0]");
   }
@@ -337,10 +333,10 @@ class Compiler {
   int32_t type_list(const SchemaJson& schema, const std::string& where) {
     std::vector<SchemaJson> branches;
     for (const SchemaJson& type : schema["type"]) {
-      if (!type.is_string()) throw bad_schema(where + ".type", "must list type names");
+      if (!type.is_string()) throw bad_key(where + ".type", "must list type names");
       branches.push_back(keywords_for(schema, type.get<std::string>()));
     }
-    if (branches.empty()) throw bad_schema(where + ".type", "must not be an empty list");
+    if (branches.empty()) throw bad_key(where + ".type", "must not be an empty list");
     return any_of(branches, where + ".type");
   }
 
@@ -349,13 +345,13 @@ class Compiler {
     if (schema.size() > 1) {
       for (const auto& [key, value] : schema.items()) {
         if (key != "$ref" && kAnnotations.count(key) == 0) {
-          throw bad_schema(where + "." + key, "beside $ref is not supported");
+          throw bad_key(where + "." + key, "beside $ref is not supported");
         }
       }
     }
     const std::string text = ref.is_string() ? ref.get<std::string>() : "";
     if (text.empty() || text[0] != '#') {
-      throw bad_schema(where + ".$ref", "must point into this schema (\"#\", \"#/$defs/Name\")");
+      throw bad_key(where + ".$ref", "must point into this schema (\"#\", \"#/$defs/Name\")");
     }
     if (auto found = refs_.find(text); found != refs_.end()) return found->second;
     const std::string pointer = text.substr(1);
@@ -363,9 +359,9 @@ class Compiler {
     try {
       path = SchemaJson::json_pointer(pointer);
     } catch (const SchemaJson::exception&) {
-      throw bad_schema(where + ".$ref", "is not a JSON pointer: " + text);
+      throw bad_key(where + ".$ref", "is not a JSON pointer: " + text);
     }
-    if (!root_.contains(path)) throw bad_schema(where + ".$ref", "points at nothing: " + text);
+    if (!root_.contains(path)) throw bad_key(where + ".$ref", "points at nothing: " + text);
     // The reference is an anyOf of one branch whose index is reserved first, so a recursive
     // reference inside its target finds it.
     const int32_t index = add(JsonSchemaNode{});
@@ -385,7 +381,7 @@ class Compiler {
     std::vector<uint8_t> state(nodes.size(), 0);  // 0 new, 1 on the path, 2 done
     std::function<void(int32_t)> visit = [&](int32_t at) {
       if (state[at] == 2) return;
-      if (state[at] == 1) throw bad_schema(where_, "has an anyOf or $ref that refers to itself with no value between");
+      if (state[at] == 1) throw bad_key(where_, "has an anyOf or $ref that refers to itself with no value between");
       state[at] = 1;
       for (int32_t branch : nodes[at].branches) {
         if (nodes[branch].kind != Kind::kAnyOf) {
@@ -406,7 +402,7 @@ class Compiler {
       std::sort(list.begin(), list.end());
       list.erase(std::unique(list.begin(), list.end()), list.end());
       if (list.size() > kMaxBranches) {
-        throw bad_schema(where_, "has an anyOf of " + std::to_string(list.size()) + " branches with the ones nested "
+        throw bad_key(where_, "has an anyOf of " + std::to_string(list.size()) + " branches with the ones nested "
                                  "in it; at most " + std::to_string(kMaxBranches) + " are followed");
       }
       nodes[i].branches = std::move(list);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "serve/openai_protocol.h"
+#include "tokenizer/unicode.h"
 
 namespace dschat {
 namespace serve {
@@ -13,10 +14,6 @@ namespace detail {
 namespace {
 
 using SchemaJson = nlohmann::ordered_json;
-
-ApiError bad_keyword(const std::string& where, const std::string& rule) {
-  return ApiError(400, "'" + where + "' " + rule, where);
-}
 
 // RFC 3339's date and time (what JSON Schema's formats name), as patterns the byte machine
 // follows: only real dates (no February 29: a year's leap is not a pattern's business), no leap
@@ -52,10 +49,10 @@ const std::map<std::string, std::string>& format_patterns() {
 // pattern of `format`.
 std::string string_pattern(const SchemaJson& schema, const std::string& where, std::string& pattern_where) {
   if (schema.contains("pattern") && schema.contains("format")) {
-    throw bad_keyword(where + ".format", "together with pattern is not supported: give one of them");
+    throw bad_key(where + ".format", "together with pattern is not supported: give one of them");
   }
   if (schema.contains("pattern")) {
-    if (!schema["pattern"].is_string()) throw bad_keyword(where + ".pattern", "must be a string");
+    if (!schema["pattern"].is_string()) throw bad_key(where + ".pattern", "must be a string");
     pattern_where = where + ".pattern";
     return schema["pattern"].get<std::string>();
   }
@@ -63,7 +60,7 @@ std::string string_pattern(const SchemaJson& schema, const std::string& where, s
     const SchemaJson& format = schema["format"];
     const auto found = format.is_string() ? format_patterns().find(format.get<std::string>()) : format_patterns().end();
     if (found == format_patterns().end()) {
-      throw bad_keyword(where + ".format", "is " + format.dump() + ", which schema-guided decoding does not follow "
+      throw bad_key(where + ".format", "is " + format.dump() + ", which schema-guided decoding does not follow "
                                            "(it follows date, time, date-time, uuid, email, ipv4 and uri)");
     }
     pattern_where = where + ".format";
@@ -76,26 +73,11 @@ std::string string_pattern(const SchemaJson& schema, const std::string& where, s
 long double number_bound(const SchemaJson& schema, const std::string& key, const std::string& where) {
   const SchemaJson& value = schema[key];
   if (!value.is_number() || (value.is_number_float() && !std::isfinite(value.get<double>()))) {
-    throw bad_keyword(where + "." + key, "must be a finite number");
+    throw bad_key(where + "." + key, "must be a finite number");
   }
   if (value.is_number_unsigned()) return static_cast<long double>(value.get<uint64_t>());
   if (value.is_number_integer()) return static_cast<long double>(value.get<int64_t>());
   return static_cast<long double>(value.get<double>());
-}
-
-// Code points of a UTF-8 string (nlohmann keeps strings as UTF-8 it checked on parsing).
-std::vector<uint32_t> utf8_code_points(const std::string& text) {
-  std::vector<uint32_t> points;
-  for (size_t i = 0; i < text.size();) {
-    const auto lead = static_cast<unsigned char>(text[i++]);
-    const int extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
-    uint32_t value = extra == 0 ? lead : lead & (0x3F >> extra);
-    for (int k = 0; k < extra && i < text.size(); ++k) {
-      value = (value << 6) | (static_cast<unsigned char>(text[i++]) & 0x3F);
-    }
-    points.push_back(value);
-  }
-  return points;
 }
 
 // A number bound as its shortest round-trip decimal (json_decimal.h), at most 15 significant digits.
@@ -132,7 +114,7 @@ JsonDecimal decimal_bound(const SchemaJson& schema, const std::string& key, cons
     ++exponent;
   }
   if (digits.size() > static_cast<size_t>(JsonDecimal::kMaxSignificant)) {
-    throw bad_keyword(where + "." + key, "has more than " + std::to_string(JsonDecimal::kMaxSignificant) +
+    throw bad_key(where + "." + key, "has more than " + std::to_string(JsonDecimal::kMaxSignificant) +
                                          " significant digits, past what the written numbers hold");
   }
   decimal.mantissa = digits.empty() ? 0 : std::stoull(digits);
@@ -156,56 +138,11 @@ void compile_number_bounds(const SchemaJson& schema, const std::string& where, J
   JsonDecimalEnd none;
   none.infinite = true;
   if (!decimal_intervals_meet(from, to, none, none)) {
-    throw bad_keyword(where, "allows no number between its minimum and maximum");
+    throw bad_key(where, "allows no number between its minimum and maximum");
   }
   leaf.bounded = true;
   leaf.number_from = from;
   leaf.number_to = to;
-}
-
-}  // namespace
-
-int64_t count_keyword(const SchemaJson& schema, const char* key, int64_t fallback, const std::string& where) {
-  if (!schema.contains(key)) return fallback;
-  const SchemaJson& value = schema[key];
-  if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 65535) {
-    throw bad_keyword(where + "." + key, "must be an integer in [0, 65535]");
-  }
-  return value.get<int64_t>();
-}
-
-const std::vector<std::string> kStringKeywords = {"minLength", "maxLength", "pattern", "format"};
-const std::vector<std::string> kNumberKeywords = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-
-void compile_string_keywords(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf,
-                             std::vector<JsonRegex>& patterns) {
-  leaf.min_length = count_keyword(schema, "minLength", 0, where);
-  leaf.max_length = count_keyword(schema, "maxLength", -1, where);
-  if (leaf.max_length >= 0 && leaf.max_length < leaf.min_length) {
-    throw bad_keyword(where + ".maxLength", "is below minLength");
-  }
-  std::string pattern_where;
-  const std::string pattern = string_pattern(schema, where, pattern_where);
-  if (pattern_where.empty()) return;
-  const int64_t horizon = std::max(leaf.min_length, leaf.max_length);
-  if (horizon > JsonRegex::kMaxLengthHorizon) {
-    throw bad_keyword(where + (leaf.max_length >= 0 ? ".maxLength" : ".minLength"),
-                      "beside a pattern or format may be at most " + std::to_string(JsonRegex::kMaxLengthHorizon));
-  }
-  JsonRegex regex(pattern, pattern_where, horizon);
-  if (!regex.can_match_within(JsonRegex::start(), leaf.min_length, leaf.max_length)) {
-    throw bad_keyword(pattern_where, "matches no string of minLength to maxLength code points");
-  }
-  leaf.pattern = static_cast<int32_t>(patterns.size());
-  patterns.push_back(std::move(regex));
-}
-
-void compile_number_keywords(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf) {
-  bool any = schema.contains("multipleOf");
-  for (const std::string& key : kNumberKeywords) any = any || schema.contains(key);
-  if (!any) return;
-  if (leaf.kind == JsonSchemaNode::Kind::kNumber) return compile_number_bounds(schema, where, leaf);
-  compile_integer_bounds(schema, where, leaf);
 }
 
 void compile_integer_bounds(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf) {
@@ -216,7 +153,7 @@ void compile_integer_bounds(const SchemaJson& schema, const std::string& where, 
   if (schema.contains("multipleOf")) {
     const long double step = number_bound(schema, "multipleOf", where);
     if (step <= 0 || step != std::floor(step) || step > static_cast<long double>(int64_t{1} << 62)) {
-      throw bad_keyword(where + ".multipleOf", "must be a positive integer (up to 2^62) on an integer");
+      throw bad_key(where + ".multipleOf", "must be a positive integer (up to 2^62) on an integer");
     }
     leaf.multiple_of = static_cast<int64_t>(step);
     any = true;
@@ -231,7 +168,7 @@ void compile_integer_bounds(const SchemaJson& schema, const std::string& where, 
     if (key == "exclusiveMaximum") hi = std::min(hi, std::ceil(bound) - 1);
   }
   if (!any) return;
-  if (lo > hi) throw bad_keyword(where, "allows no integer between its minimum and maximum");
+  if (lo > hi) throw bad_key(where, "allows no integer between its minimum and maximum");
   __int128 first = static_cast<int64_t>(lo), last = static_cast<int64_t>(hi);
   if (leaf.multiple_of > 0) {  // the first and last multiples within the bounds
     const __int128 step = leaf.multiple_of;
@@ -242,10 +179,55 @@ void compile_integer_bounds(const SchemaJson& schema, const std::string& where, 
     if (quotient * step > last) --quotient;
     last = quotient * step;
   }
-  if (first > last) throw bad_keyword(where, "allows no integer between its minimum and maximum");
+  if (first > last) throw bad_key(where, "allows no integer between its minimum and maximum");
   leaf.bounded = true;
   leaf.minimum = static_cast<int64_t>(first);
   leaf.maximum = static_cast<int64_t>(last);
+}
+
+}  // namespace
+
+int64_t count_keyword(const SchemaJson& schema, const char* key, int64_t fallback, const std::string& where) {
+  if (!schema.contains(key)) return fallback;
+  const SchemaJson& value = schema[key];
+  if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 65535) {
+    throw bad_key(where + "." + key, "must be an integer in [0, 65535]");
+  }
+  return value.get<int64_t>();
+}
+
+const std::vector<std::string> kStringKeywords = {"minLength", "maxLength", "pattern", "format"};
+const std::vector<std::string> kNumberKeywords = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+
+void compile_string_keywords(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf,
+                             std::vector<JsonRegex>& patterns) {
+  leaf.min_length = count_keyword(schema, "minLength", 0, where);
+  leaf.max_length = count_keyword(schema, "maxLength", -1, where);
+  if (leaf.max_length >= 0 && leaf.max_length < leaf.min_length) {
+    throw bad_key(where + ".maxLength", "is below minLength");
+  }
+  std::string pattern_where;
+  const std::string pattern = string_pattern(schema, where, pattern_where);
+  if (pattern_where.empty()) return;
+  const int64_t horizon = std::max(leaf.min_length, leaf.max_length);
+  if (horizon > JsonRegex::kMaxLengthHorizon) {
+    throw bad_key(where + (leaf.max_length >= 0 ? ".maxLength" : ".minLength"),
+                      "beside a pattern or format may be at most " + std::to_string(JsonRegex::kMaxLengthHorizon));
+  }
+  JsonRegex regex(pattern, pattern_where, horizon);
+  if (!regex.can_match_within(JsonRegex::start(), leaf.min_length, leaf.max_length)) {
+    throw bad_key(pattern_where, "matches no string of minLength to maxLength code points");
+  }
+  leaf.pattern = static_cast<int32_t>(patterns.size());
+  patterns.push_back(std::move(regex));
+}
+
+void compile_number_keywords(const SchemaJson& schema, const std::string& where, JsonSchemaNode& leaf) {
+  bool any = schema.contains("multipleOf");
+  for (const std::string& key : kNumberKeywords) any = any || schema.contains(key);
+  if (!any) return;
+  if (leaf.kind == JsonSchemaNode::Kind::kNumber) return compile_number_bounds(schema, where, leaf);
+  compile_integer_bounds(schema, where, leaf);
 }
 
 bool keeps_scalar_keywords(const SchemaJson& value, const SchemaJson& schema, const std::string& where) {
@@ -253,12 +235,13 @@ bool keeps_scalar_keywords(const SchemaJson& value, const SchemaJson& schema, co
     JsonSchemaNode leaf;
     std::vector<JsonRegex> patterns;
     compile_string_keywords(schema, where, leaf, patterns);
-    const std::vector<uint32_t> points = utf8_code_points(value.get<std::string>());
-    const auto length = static_cast<int64_t>(points.size());
+    // nlohmann keeps strings as the UTF-8 it checked on parsing.
+    const std::string& text = value.get_ref<const std::string&>();
+    const auto length = static_cast<int64_t>(tokenizer::count_code_points(text));
     if (length < leaf.min_length || (leaf.max_length >= 0 && length > leaf.max_length)) return false;
     if (patterns.empty()) return true;
     JsonRegex::States states = JsonRegex::start();
-    for (uint32_t point : points) states = patterns[0].step(states, point);
+    for (size_t at = 0; at < text.size();) states = patterns[0].step(states, tokenizer::next_code_point(text, at));
     return patterns[0].matches(states);
   }
   if (!value.is_number()) return true;

@@ -25,9 +25,8 @@ int64_t count_keyword(const nlohmann::ordered_json& schema, const char* key, int
 void compile_string_keywords(const nlohmann::ordered_json& schema, const std::string& where, JsonSchemaNode& leaf,
                              std::vector<JsonRegex>& patterns);
 
-/// Sets `leaf`'s bounds (a kInteger's or a kNumber's) from `schema`.
+/// Sets `leaf`'s bounds (a kInteger's, with multipleOf, or a kNumber's) from `schema`.
 void compile_number_keywords(const nlohmann::ordered_json& schema, const std::string& where, JsonSchemaNode& leaf);
-void compile_integer_bounds(const nlohmann::ordered_json& schema, const std::string& where, JsonSchemaNode& leaf);
 
 /// Whether an enum's `value` keeps to `schema`'s string and number keywords (those of another
 /// type than the value's do not apply to it, as JSON Schema has it).

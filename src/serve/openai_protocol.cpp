@@ -213,6 +213,10 @@ void read_logprobs(const json& body, Endpoint endpoint, SamplingParams& params) 
 
 }  // namespace
 
+ApiError bad_key(const std::string& where, const std::string& rule) {
+  return ApiError(400, "'" + where + "' " + rule, where);
+}
+
 ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_, std::string type_)
     : std::runtime_error(std::move(message)),
       status(status_),

@@ -26,6 +26,9 @@ class ApiError : public std::runtime_error {
   std::string type, param, code;
 };
 
+/// A 400 naming the request key `where` breaks, "'where' rule" ("'tools[0].function.name' must ...").
+ApiError bad_key(const std::string& where, const std::string& rule);
+
 nlohmann::json error_body(const ApiError& error);
 
 /// JSON text for the wire: bytes that are not UTF-8 (a prompt's raw bytes echoed, a byte-level
